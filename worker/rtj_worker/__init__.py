@@ -1,0 +1,1 @@
+"""rtj-worker: the entrypoint and reference training script that ResilientTrainingJob pods run."""
