@@ -1,0 +1,70 @@
+"""Fault injection for tests and benchmarks: `--fault RANK:STEP:KIND`, KIND one of
+
+- exc:     raise in the step (soft fault; in-process restart recovers it),
+- sigkill: SIGKILL the rank (hard fault; ft_launcher respawns the workers),
+- hang:    stop making progress and heartbeats (the rank monitor times out, then respawn),
+- nan:     make the loss NaN (a permanent failure: the job must stop, not restart).
+
+Each fault fires once per job: a marker on the shared volume keeps a resumed run from
+firing it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import events
+
+KINDS = ("exc", "sigkill", "hang", "nan")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    step: int
+    kind: str
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        try:
+            rank, step, kind = text.split(":")
+            fault = cls(int(rank), int(step), kind.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--fault must be RANK:STEP:KIND, got {text!r}") from None
+        if fault.kind not in KINDS:
+            raise argparse.ArgumentTypeError(f"fault kind must be one of {', '.join(KINDS)}, got {fault.kind!r}")
+        return fault
+
+
+def maybe_inject(faults: list[Fault], rank: int, step: int, marker_dir: Path) -> bool:
+    """Fire the faults due now; True means: poison this step's loss."""
+    for fault in faults:
+        if fault.rank != rank or fault.step != step:
+            continue
+        marker = marker_dir / f"fault-{fault.rank}-{fault.step}-{fault.kind}"
+        try:
+            marker_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue  # fired before this restart
+        os.close(fd)
+        events.emit("fault", rank=rank, step=step, kind=fault.kind)
+        if fault.kind == "exc":
+            raise InjectedFault(f"injected exception at step {step} on rank {rank}")
+        if fault.kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "hang":
+            while True:
+                time.sleep(3600)
+        if fault.kind == "nan":
+            return True
+    return False
