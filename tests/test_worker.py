@@ -1,0 +1,162 @@
+"""The worker on CPU: ft_launcher + RankMonitorClient + inprocess.Wrapper + async checkpoints.
+
+Each fault kind must be recovered by the right layer, resume from the last checkpoint and end
+with the same weights as a run without faults (batches depend only on seed, step and rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rtj_worker import events, exit_codes
+from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
+
+STEPS = 60
+HEARTBEAT = 15  # seconds; above the ~10 s an in-process restart takes on CPU with gloo
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(tmp: Path, **extra: str) -> dict[str, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "NNODES": "1", "RTJ_NNODES": "1:1", "NPROC_PER_NODE": "2", "NODE_RANK": "0",
+        "RTJ_RDZV_ENDPOINT": f"127.0.0.1:{port}", "RTJ_RDZV_ID": tmp.name, "RTJ_RDZV_TIMEOUT": "60",
+        "RTJ_FT_MAX_RESTARTS": "3", "RTJ_FT_HEARTBEAT_TIMEOUT": str(HEARTBEAT),
+        "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT": "60", "RTJ_FT_MONITOR_INTERVAL": "1",
+        "RTJ_CHECKPOINT_DIR": str(tmp / "ckpt"), "RTJ_CHECKPOINT_INTERVAL": "10",
+        "RTJ_INPROCESS_SOFT_TIMEOUT": "30", "RTJ_INPROCESS_HARD_TIMEOUT": "45",
+        "RTJ_EVENT_LOG": str(tmp / "events.jsonl"), "RTJ_TERMINATION_LOG": str(tmp / "termination-log"),
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
+    env.update(extra)
+    return env
+
+
+def launch(tmp: Path, *train_args: str, timeout: float = 240, **env: str) -> tuple[int, list[dict], dict]:
+    entry = Path(sys.executable).with_name("rtj-worker")
+    with open(tmp / "worker.log", "w") as log:
+        proc = subprocess.run([str(entry), "--", "python", "-m", "rtj_worker.train", "--steps", str(STEPS),
+                               "--step-seconds", "0.05", *train_args],
+                              env=worker_env(tmp, **env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    report = json.loads((tmp / "termination-log").read_text())
+    return proc.returncode, events.read(tmp / "events.jsonl"), report
+
+
+def result(tmp: Path) -> dict:
+    return json.loads((tmp / "ckpt" / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("clean")
+    code, timeline, report = launch(tmp)
+    assert code == exit_codes.OK, (tmp / "worker.log").read_text()[-3000:]
+    assert report == {"exitCode": 0, "reason": "training finished", "checkpointStep": STEPS}
+    assert {e["pid"] for e in timeline if e["event"] == "start"} == {e["pid"] for e in timeline}
+    return result(tmp)
+
+
+def starts(timeline: list[dict]) -> list[dict]:
+    return [e for e in timeline if e["event"] == "start"]
+
+
+def test_exception_is_recovered_in_process(tmp_path, clean_run):
+    code, timeline, _ = launch(tmp_path, "--fault", "1:25:exc")
+    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    first, second = starts(timeline)[:2], starts(timeline)[2:]
+    # Same processes, next Wrapper iteration: no process was restarted.
+    assert {e["pid"] for e in first} == {e["pid"] for e in second}
+    assert [e["iteration"] for e in second] == [1, 1]
+    assert {e["step"] for e in second} == {20}  # the newest complete checkpoint before step 25
+    assert result(tmp_path) == clean_run
+
+
+def test_sigkill_is_recovered_by_ft_launcher_respawn(tmp_path, clean_run):
+    code, timeline, _ = launch(tmp_path, "--fault", "1:25:sigkill")
+    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    first, second = starts(timeline)[:2], starts(timeline)[2:]
+    assert len(second) == 2 and not {e["pid"] for e in first} & {e["pid"] for e in second}
+    assert {e["step"] for e in second} == {20}
+    log = (tmp_path / "worker.log").read_text()
+    assert "will restart worker group" in log  # the launcher of this pod did it, no new pod
+    assert result(tmp_path) == clean_run
+
+
+def test_hang_is_detected_by_heartbeat_timeout_then_respawned(tmp_path, clean_run):
+    code, timeline, _ = launch(tmp_path, "--fault", "0:25:hang")
+    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    fault = next(e for e in timeline if e["event"] == "fault")
+    second = starts(timeline)[2:]
+    assert len(second) == 2 and fault["pid"] not in {e["pid"] for e in second}
+    assert min(e["t"] for e in second) - fault["t"] >= HEARTBEAT
+    assert "Did not get subsequent heartbeat" in (tmp_path / "worker.log").read_text()
+    assert result(tmp_path) == clean_run
+
+
+def test_spent_launcher_budget_exits_with_a_clear_code(tmp_path):
+    code, _, report = launch(tmp_path, "--fault", "1:15:sigkill", "--fault", "0:35:sigkill",
+                             RTJ_FT_MAX_RESTARTS="1")
+    assert code == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+    assert report["exitCode"] == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+    assert "spending its 1 restarts" in report["reason"]
+    assert report["checkpointStep"] == 30
+
+
+def test_permanent_failure_stops_without_spending_restarts(tmp_path):
+    code, timeline, report = launch(tmp_path, "--fault", "1:25:nan")
+    assert code == exit_codes.PERMANENT_FAILURE
+    assert report["reason"] == "loss is nan at step 25" and report["checkpointStep"] == 20
+    assert len(starts(timeline)) == 2  # no restart of any kind
+
+
+def test_launcher_flags_follow_the_operator_env():
+    cfg = LaunchConfig.from_env({
+        "RTJ_NNODES": "6:8", "NPROC_PER_NODE": "8", "NODE_RANK": "3", "RTJ_RDZV_ENDPOINT": "j-0.j.ns.svc:29400",
+        "RTJ_RDZV_ID": "uid-2", "RTJ_FT_MAX_RESTARTS": "4", "RTJ_FT_HEARTBEAT_TIMEOUT": "900",
+        "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT": "1200", "RTJ_FT_MONITOR_INTERVAL": "5"})
+    argv = launcher_argv(cfg, ["python", "-m", "rtj_worker.train", "--steps", "9"])
+    assert argv[0].endswith("ft_launcher")
+    assert argv[1:] == [
+        "--nnodes=6:8", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=j-0.j.ns.svc:29400",
+        "--rdzv-id=uid-2", "--rdzv-conf=is_host=0,join_timeout=600", "--max-restarts=4", "--monitor-interval=5",
+        "--ft-rank-heartbeat-timeout=900", "--ft-initial-rank-heartbeat-timeout=1200",
+        "--ft-workload-check-interval=5", "--ft-enable-nic-monitor=False",
+        "--module", "rtj_worker.train", "--steps", "9"]
+    assert launcher_argv(cfg, ["python3", "train.py"])[-1] == "train.py"
+    assert launcher_argv(cfg, ["/bin/train"])[-2:] == ["--no-python", "/bin/train"]
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({}, "NNODES is not set"),
+    ({"NNODES": "2"}, "NODE_RANK is not set"),
+    ({"NODE_RANK": "x", "NNODES": "2", "RTJ_RDZV_ENDPOINT": "h:1"}, "bad numeric setting"),
+    ({"NODE_RANK": "0", "NNODES": "2", "RTJ_RDZV_ENDPOINT": "h"}, "must be host:port"),
+    ({"NODE_RANK": "0", "NNODES": "2", "RTJ_RDZV_ENDPOINT": "h:1", "RTJ_FT_HEARTBEAT_TIMEOUT": "5"},
+     "must exceed RTJ_FT_MONITOR_INTERVAL"),
+])
+def test_config_errors_exit_as_permanent(tmp_path, env, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        LaunchConfig.from_env(env)
+    code = run(["python", "x.py"], {**env, "RTJ_TERMINATION_LOG": str(tmp_path / "t")})
+    assert code == exit_codes.CONFIG_ERROR
+    assert fragment in json.loads((tmp_path / "t").read_text())["reason"]
+
+
+def test_unresolvable_peer_dns_times_out_as_rendezvous_failure(tmp_path):
+    env = {"NODE_RANK": "1", "NNODES": "2", "RTJ_RDZV_ENDPOINT": "train-0.train.nowhere.invalid:29400",
+           "RTJ_RDZV_TIMEOUT": "1", "RTJ_TERMINATION_LOG": str(tmp_path / "t")}
+    assert run(["python", "x.py"], env) == exit_codes.RENDEZVOUS_FAILED
+    assert "did not resolve within 1s" in json.loads((tmp_path / "t").read_text())["reason"]
