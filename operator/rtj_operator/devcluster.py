@@ -25,6 +25,7 @@ from . import api
 from .kube import Kube, configure
 from .spec import schema_errors, with_defaults
 
+CLIENT_AGENT = "rtj-devcluster-client"
 RTJ_RESOURCE = kmock.resource(api.GROUP, api.VERSION, api.PLURAL)
 _core = {"pods": "Pod", "services": "Service", "persistentvolumeclaims": "PersistentVolumeClaim",
          "nodes": "Node", "events": "Event", "namespaces": "Namespace"}
@@ -40,6 +41,7 @@ class Emulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._rv = 0
+        self.calls: list[kmock.Request] = []  # every request, for assertions (e.g. RBAC coverage)
         info = kmock.ResourceInfo
         self.resources[RTJ_RESOURCE] = info(kind=api.KIND, singular=api.SINGULAR, namespaced=True,
                                             shortnames=api.SHORT_NAMES, subresources={"status"},
@@ -57,6 +59,7 @@ class Emulator(kmock.KubernetesEmulator):
         return None
 
     async def _handle(self, request: kmock.Request) -> Any:
+        self.calls.append(request)
         if request.resource is not None and isinstance(request.data, dict):
             self._admit(request)
         deleting = None
@@ -320,7 +323,8 @@ class EmbeddedCluster:
         self._thread.join(10)
 
     def kube(self) -> Kube:
-        return Kube(configure(self.url))
+        """A client for tests and simulators, told apart from the operator by its user agent."""
+        return Kube(configure(self.url, user_agent=CLIENT_AGENT))
 
 
 @contextmanager
