@@ -191,16 +191,14 @@ class _Pass:
         metrics.record_checkpoint(rtj.namespace, rtj.name, parse_time(status.get("lastCheckpointTime")),
                                   self.now)
 
-        recov = dict(status.get("recovery") or {})
-        seen = set(recov.get("seenPods") or [])
+        seen = set((status.get("recovery") or {}).get("seenPods") or [])
         budget = rtj.spec["restartBudget"]
         plan = recovery.plan(pods, nodes, seen, self.now,
                              datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
         if converge:
             self.act(plan)
             self.charge(plan, seen)
-        recov["seenPods"] = sorted(seen)[-recovery.SEEN_LIMIT:]
-        status["recovery"] = recov
+        status["recovery"] = {**(status.get("recovery") or {}), "seenPods": sorted(seen)[-recovery.SEEN_LIMIT:]}
 
         job_status = (job or {}).get("status") or {}
         job_conds = job_status.get("conditions") or []
@@ -284,7 +282,7 @@ class _Pass:
         recov = self.status.setdefault("recovery", {})
         if not recov.get("pendingGangRestart"):
             recov["pendingGangRestart"] = reason
-            self.event("Warning", "GangRestart", f"Recreating all {self.rtj.nodes} pods as attempt "
+            self.event("Warning", "RecreatingGang", f"Recreating all {self.rtj.nodes} pods as attempt "
                                                  f"{int(self.status['attempt']) + 1}: {reason}")
             self.busy = True
 
