@@ -7,52 +7,21 @@ with the same weights as a run without faults (batches depend only on seed, step
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from rtj_worker import events, exit_codes
+from rtj_worker import exit_codes, local
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
 
 STEPS = 60
 HEARTBEAT = 15  # seconds; above the ~10 s an in-process restart takes on CPU with gloo
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def worker_env(tmp: Path, **extra: str) -> dict[str, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "NNODES": "1", "RTJ_NNODES": "1:1", "NPROC_PER_NODE": "2", "NODE_RANK": "0",
-        "RTJ_RDZV_ENDPOINT": f"127.0.0.1:{port}", "RTJ_RDZV_ID": tmp.name, "RTJ_RDZV_TIMEOUT": "60",
-        "RTJ_FT_MAX_RESTARTS": "3", "RTJ_FT_HEARTBEAT_TIMEOUT": str(HEARTBEAT),
-        "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT": "60", "RTJ_FT_MONITOR_INTERVAL": "1",
-        "RTJ_CHECKPOINT_DIR": str(tmp / "ckpt"), "RTJ_CHECKPOINT_INTERVAL": "10",
-        "RTJ_INPROCESS_SOFT_TIMEOUT": "30", "RTJ_INPROCESS_HARD_TIMEOUT": "45",
-        "RTJ_EVENT_LOG": str(tmp / "events.jsonl"), "RTJ_TERMINATION_LOG": str(tmp / "termination-log"),
-        "TORCH_CPP_LOG_LEVEL": "ERROR",
-    }
-    env.update(extra)
-    return env
-
-
-def launch(tmp: Path, *train_args: str, timeout: float = 240, **env: str) -> tuple[int, list[dict], dict]:
-    entry = Path(sys.executable).with_name("rtj-worker")
-    with open(tmp / "worker.log", "w") as log:
-        proc = subprocess.run([str(entry), "--", "python", "-m", "rtj_worker.train", "--steps", str(STEPS),
-                               "--step-seconds", "0.05", *train_args],
-                              env=worker_env(tmp, **env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    report = json.loads((tmp / "termination-log").read_text())
-    return proc.returncode, events.read(tmp / "events.jsonl"), report
+def launch(tmp: Path, *train_args: str, **env: str) -> tuple[int, list[dict], dict]:
+    run_ = local.launch(tmp, ["--steps", str(STEPS), "--step-seconds", "0.05", *train_args], timeout=240,
+                        heartbeat=HEARTBEAT, **env)
+    return run_.code, run_.timeline, run_.report
 
 
 def result(tmp: Path) -> dict:

@@ -13,7 +13,6 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 INVALID_SPEC = "InvalidSpec"
 STORAGE_READY = "StorageReady"
-ALL = (CREATED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED, INVALID_SPEC)
 
 
 def timestamp(now: datetime.datetime) -> str:

@@ -92,7 +92,6 @@ def run(example: Path) -> int:
 
         lost = next(p for p in kube.list("Pod", ns))["spec"]["nodeName"]
         print(f"\n### Node {lost} stops responding (NotReady): the operator replaces only its pod.")
-        node = kube.get("Node", lost)
         kube.patch("Node", lost, None, {"status": {"conditions": [
             {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}})
         wait_for("recovery", sim, timeout=60, check=lambda: phase() == "Running" and
@@ -100,7 +99,6 @@ def run(example: Path) -> int:
         status = show_status(kube, ns, name)
         print(f"\nrestarts by tier: {status.get('restartsByTier')}, disruptions: {status.get('disruptions')}, "
               f"job failures: {status.get('jobRestarts')}, recovery: {status.get('lastRecoverySeconds')}s")
-        del node
 
         print("\n### An edit that passes the schema but is wrong: heartbeat timeout below the monitor interval.")
         print(f"$ kubectl patch rtj {name} --type merge -p "

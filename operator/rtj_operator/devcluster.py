@@ -189,10 +189,11 @@ class JobSimulator:
         return sorted(result)
 
     def step(self) -> None:
+        nodes = self.healthy_nodes()
         for job in self.kube.list("Job"):
-            self._sync(job)
+            self._sync(job, nodes)
 
-    def _sync(self, job: dict[str, Any]) -> None:
+    def _sync(self, job: dict[str, Any], nodes: list[str]) -> None:
         meta, spec = job["metadata"], job["spec"]
         if meta.get("deletionTimestamp"):
             return
@@ -233,7 +234,7 @@ class JobSimulator:
             if any(p["status"].get("phase") in ("Pending", "Running") or p["metadata"].get("deletionTimestamp")
                    for p in mine):
                 continue
-            free = [n for n in self.healthy_nodes() if n not in used]
+            free = [n for n in nodes if n not in used]
             if free:
                 used.add(free[0])
                 self.kube.create(self._pod(job, index, free[0]))
@@ -380,3 +381,17 @@ class OperatorThread:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+def serve() -> None:
+    """`python -m rtj_operator.devcluster`: serve the emulated API until interrupted (for bench/)."""
+    cluster = EmbeddedCluster().start()
+    print(cluster.url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    serve()

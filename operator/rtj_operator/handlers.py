@@ -59,7 +59,8 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
 
-    @kopf.daemon(**rtj, cancellation_timeout=5.0)
+    # A pass in flight finishes (up to the backoff) before the daemon exits, rather than being cancelled.
+    @kopf.daemon(**rtj, cancellation_backoff=10.0, cancellation_timeout=5.0)
     async def reconcile_loop(stopped: kopf.DaemonStopped, namespace: str, name: str, memo: Context,
                              logger: logging.Logger, **_: Any) -> None:
         wake = memo.wakeups.setdefault((namespace, name), asyncio.Event())

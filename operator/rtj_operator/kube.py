@@ -143,8 +143,7 @@ class Kube:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.create({
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"],
-                         "name": f"{meta['name']}.{time.time_ns():x}"},
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"],
                                "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
             "type": type_, "reason": reason, "message": message[:1024],

@@ -416,8 +416,3 @@ def reconcile(kube: Kube, body: dict[str, Any], now: datetime.datetime | None = 
     with metrics.RECONCILE_SECONDS.time():
         return _Pass(kube, body, now).run(storage_check)
 
-
-def changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Whether a status write is needed (kopf's own keys are ignored)."""
-    strip = {k: v for k, v in (old or {}).items() if k != "kopf"}
-    return strip != new
