@@ -8,12 +8,13 @@ that every rank can load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +25,28 @@ log = logging.getLogger(__name__)
 MARKER = "COMPLETE"
 
 
-def _snapshot(value: Any) -> Any:
-    """Host copies of all tensors. NVRx's preload_tensors moves GPU tensors to host (a copy), but
-    a CPU tensor's .to('cpu') is the same storage, which training would then overwrite while the
-    background writer still serializes it: clone those."""
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu", non_blocking=True)
-    if isinstance(value, dict):
-        return {k: _snapshot(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_snapshot(v) for v in value)
-    return value
+@contextlib.contextmanager
+def _without_cuda_sync() -> Iterator[None]:
+    """NVRx 0.4.1 calls torch.cuda.synchronize() unconditionally when scheduling a save, which
+    raises on a CPU-only torch. With no CUDA there is nothing to synchronize: make it a no-op."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = original
 
 
 def _async_checkpoint_class() -> type:
-    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
     from nvidia_resiliency_ext.checkpointing.async_ckpt.torch_ckpt import TorchAsyncCheckpoint
 
     class AsyncCheckpoint(TorchAsyncCheckpoint):
-        """TorchAsyncCheckpoint.async_save as in NVRx 0.4.1, except that it snapshots CPU tensors
-        too (see _snapshot) and calls torch.cuda.synchronize() only when CUDA is there (0.4.1
-        calls it unconditionally, which fails on a CPU-only torch)."""
-
         def async_save(self, state_dict: Any, *args: Any, **kwargs: Any) -> None:
-            snapshot = _snapshot(state_dict)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            request = AsyncRequest(TorchAsyncCheckpoint.async_fn, (snapshot, *args), [], kwargs)
-            self._async_calls_queue.schedule_async_request(request)
+            with _without_cuda_sync():
+                super().async_save(state_dict, *args, **kwargs)
 
     return AsyncCheckpoint
 
@@ -82,9 +76,22 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size, self.keep = rank, world_size, keep
         self.on_commit = on_commit
-        self._async = _async_checkpoint_class()(persistent_queue=True) if use_async else None
+        # GPU: NVRx's persistent writer process, fed host copies of the tensors (the D2H copy is the
+        # snapshot). CPU: a writer forked per save, whose copy-on-write memory is the snapshot, so
+        # nothing is copied at all while training goes on.
+        self._persistent = torch.cuda.is_available()
+        self._async = _async_checkpoint_class()(persistent_queue=self._persistent) if use_async else None
         self._pending: int | None = None
         self.save_seconds = 0.0  # time the training loop spent blocked in save()
+        self._warm = False
+
+    def _warm_up(self) -> None:
+        """NVRx spawns its persistent writer process on the first save (about a second: it imports
+        torch). Do that before training, not inside the loop. Needs the process group."""
+        if self._async is not None and self._persistent and not self._warm:
+            self._async.async_save({}, os.devnull)
+            self._drain(blocking=True)
+        self._warm = True
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         started = time.perf_counter()
@@ -106,7 +113,8 @@ class Checkpointer:
         if self._async is None:
             return True
         queue = self._async._async_calls_queue
-        queue.maybe_finalize_async_calls(blocking=blocking, no_dist=True)
+        with _without_cuda_sync():
+            queue.maybe_finalize_async_calls(blocking=blocking, no_dist=True)
         return queue.get_num_unfinalized_calls() == 0
 
     def poll(self) -> None:
@@ -161,6 +169,7 @@ class Checkpointer:
 
     def load_latest(self) -> tuple[int, dict[str, Any] | None]:
         """The newest step every rank can load, and this rank's state (0, None if none)."""
+        self._warm_up()
         for step in complete_steps(self.root):
             payload = self._try_load(step)
             ok = torch.tensor([1 if payload is not None else 0])

@@ -147,17 +147,39 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
             dist.destroy_process_group()
 
 
+class HostHealthCheck(inprocess.health_check.HealthCheck):
+    """Device-independent checks before a rank rejoins after a fault: it must be able to write to
+    the checkpoint volume and to /dev/shm (collectives and the async writer use both). A rank that
+    cannot would fail the next save or step; it exits and ft_launcher takes over."""
+
+    def __init__(self, checkpoint_dir: str):
+        self.paths = [Path(checkpoint_dir), Path("/dev/shm")]
+
+    def __call__(self, state: inprocess.FrozenState) -> inprocess.FrozenState:
+        for path in self.paths:
+            if not path.is_dir():
+                continue
+            probe = path / f".rtj-health-{os.getpid()}"
+            try:
+                probe.write_bytes(b"ok")
+                probe.unlink()
+            except OSError as exc:
+                raise inprocess.exception.HealthCheckError(f"{path} is not writable: {exc}") from exc
+        return state
+
+
 def wrap(args: argparse.Namespace) -> Any:
     """`train` inside inprocess.Wrapper, with bounds that suit both CPU and GPU."""
     soft = datetime.timedelta(seconds=args.soft_timeout)
     hard = datetime.timedelta(seconds=args.hard_timeout)
     barrier = max(datetime.timedelta(seconds=120), hard + datetime.timedelta(seconds=30))
-    checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=args.inprocess_max_faults)]
+    checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=args.inprocess_max_faults),
+                         HostHealthCheck(args.checkpoint_dir)]
     if torch.cuda.is_available():
         checks.append(inprocess.health_check.CudaHealthCheck())
     return inprocess.Wrapper(
         store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 2},
-        health_check=inprocess.Compose(*checks) if len(checks) > 1 else checks[0],
+        health_check=inprocess.Compose(*checks),
         rank_assignment=inprocess.Compose(inprocess.rank_assignment.ActivateAllRanks(),
                                           inprocess.rank_assignment.ShiftRanks()),
         soft_timeout=soft, hard_timeout=hard, barrier_timeout=barrier, completion_timeout=barrier,
