@@ -26,6 +26,7 @@ from .kube import Kube, configure
 from .spec import schema_errors, with_defaults
 
 CLIENT_AGENT = "rtj-devcluster-client"
+REQUEST_LOG = 16
 RTJ_RESOURCE = kmock.resource(api.GROUP, api.VERSION, api.PLURAL)
 _core = {"pods": "Pod", "services": "Service", "persistentvolumeclaims": "PersistentVolumeClaim",
          "nodes": "Node", "events": "Event", "namespaces": "Namespace"}
@@ -60,6 +61,12 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> Any:
         self.calls.append(request)
+        # kmock keeps every request for assertions and matches each new one by scanning them all;
+        # bounded here, a long run (bench/reconcile_500.py) stays linear. `calls` keeps ours.
+        if len(self._requests) > REQUEST_LOG:
+            del self._requests[:-REQUEST_LOG]
+            for payload in self._payloads:  # each reaction keeps its own log too
+                del payload._requests[:-REQUEST_LOG]
         if request.resource is not None and isinstance(request.data, dict):
             self._admit(request)
         deleting = None
