@@ -82,6 +82,22 @@ def test_spec_update_converges_the_job(kube, sim, operator):
     assert st["jobRestarts"] == 0 and st["disruptions"] == 0
 
 
+def test_rendezvous_port_change_converges_service_and_job(kube, sim, operator):
+    kube.create(created(rtj_body()))
+    wait_until(lambda: status(kube).get("phase") == "Running", step=sim.step)
+    kube.patch(api.KIND, "train", "default", {"spec": {"resiliency": {"rendezvousPort": 29500}}})
+
+    def port() -> int:
+        return kube.get("Service", "train", "default")["spec"]["ports"][0]["port"]
+
+    wait_until(lambda: port() == 29500, step=sim.step, what="Service port updated")
+    wait_until(lambda: status(kube).get("phase") == "Running" and status(kube)["observedGeneration"] == 2,
+               step=sim.step, what="Running on the new port")
+    env = {e["name"]: e.get("value") for e in
+           kube.get("Job", "train", "default")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RTJ_RDZV_ENDPOINT"].endswith(":29500")
+
+
 def test_suspend_and_resume(kube, sim, operator):
     kube.create(created(rtj_body()))
     wait_until(lambda: status(kube).get("phase") == "Running", step=sim.step)

@@ -27,6 +27,8 @@ from .spec import RTJ, semantic_errors
 BUSY_REQUEUE = 2.0
 IDLE_REQUEUE = 30.0
 TERMINAL = ("Succeeded", "Failed")
+# Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
+SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
 
 # An optional pre-flight check of the storage (see fsx.py): returns (ok, reason, message).
 StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
@@ -128,8 +130,14 @@ class _Pass:
 
     def ensure_service(self) -> None:
         desired = build_service(self.rtj)
-        if self.kube.get("Service", service_name(self.rtj), self.rtj.namespace) is None:
+        have = self.kube.get("Service", service_name(self.rtj), self.rtj.namespace)
+        if have is None:
             self.create(desired)
+            return
+        drift = {k: v for k, v in desired["spec"].items() if k in SERVICE_FIELDS and have["spec"].get(k) != v}
+        if drift:
+            self.kube.patch("Service", service_name(self.rtj), self.rtj.namespace, {"spec": drift})
+            self.event("Normal", "Updated", f"Updated Service {service_name(self.rtj)}: {', '.join(sorted(drift))}")
 
     def ensure_pvc(self) -> None:
         desired = build_pvc(self.rtj)
