@@ -217,6 +217,18 @@ def test_failed_rendezvous_recreates_the_whole_gang_once(kube, sim, operator):
     assert "GangRestart" in [e["reason"] for e in kube.list("Event", NS)]
 
 
+def test_a_job_that_gives_up_by_itself_gets_a_new_gang_within_budget(kube, sim, operator):
+    create(kube)
+    running(kube, sim)
+    kube.patch("Job", "train", NS, {"status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active too long"}]}})
+    wait_until(lambda: status(kube).get("attempt") == 2, step=sim.step, what="attempt 2")
+    running(kube, sim)
+    st = status(kube)
+    assert st["restartsByTier"]["GangRestart"] == 1 and st["jobRestarts"] == 1
+    assert st["lastFailureReason"] == "DeadlineExceeded"
+
+
 def test_budgets_survive_an_operator_restart_mid_recovery_and_deleted_children(cluster, kube, sim):
     first = OperatorThread(cluster.url, max_requeue=0.3).start()
     try:

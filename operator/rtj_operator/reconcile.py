@@ -235,8 +235,6 @@ class _Pass:
 
     def charge(self, plan: recovery.Plan, seen: set[str]) -> None:
         """Count each new finding once against the right budget and decide the next tier."""
-        status, budget = self.status, self.rtj.spec["restartBudget"]
-        tiers = status["restartsByTier"]
         gang_charged = False
         for f in plan.findings:
             seen.add(f.uid)
@@ -247,26 +245,36 @@ class _Pass:
                     continue  # every pod of the gang reports the same failed rendezvous
                 gang_charged = True
             tier = recovery.GANG_RESTART if f.kind == recovery.RENDEZVOUS else recovery.REPLACE_POD
-            tiers[tier] = tiers.get(tier, 0) + 1
-            status["restarts"] = sum(tiers.values())
-            status["lastFailureReason"], status["lastFailureMessage"] = f.reason, f.message
-            status.setdefault("restartStartedTime", timestamp(self.now))
-            metrics.RESTARTS.labels(tier, f.reason).inc()
-            if f.kind == recovery.PLATFORM:
-                status["disruptions"] += 1
-            else:
-                status["jobRestarts"] += 1
-                self.track_progress()
-            self.cond(RESTARTING, True, tier, f.message)
-            self.event("Warning", tier, f"{f.reason}: {f.message} (restart {status['restarts']}, "
-                                        f"job failures {status['jobRestarts']}/{budget['maxRestarts']}, "
-                                        f"disruptions {status['disruptions']}/{budget['maxDisruptions']})")
-        if plan.gang_restart and not plan.fail_reason:
-            self.request_gang_restart("RendezvousFailed")
-
+            self.record_restart(tier, f.reason, f.message, platform=f.kind == recovery.PLATFORM)
         if plan.fail_reason:
             self.fail(plan.fail_reason, plan.fail_message)
-        elif status["jobRestarts"] > budget["maxRestarts"]:
+            return
+        if plan.gang_restart:
+            self.request_gang_restart("RendezvousFailed")
+        self.enforce_budgets()
+
+    def record_restart(self, tier: str, reason: str, message: str, platform: bool) -> None:
+        """Bookkeeping of one restart: counters, progress, condition, metric and event."""
+        status, budget = self.status, self.rtj.spec["restartBudget"]
+        tiers = status["restartsByTier"]
+        tiers[tier] = tiers.get(tier, 0) + 1
+        status["restarts"] = sum(tiers.values())
+        status["lastFailureReason"], status["lastFailureMessage"] = reason, message
+        status.setdefault("restartStartedTime", timestamp(self.now))
+        metrics.RESTARTS.labels(tier, reason).inc()
+        if platform:
+            status["disruptions"] += 1
+        else:
+            status["jobRestarts"] += 1
+            self.track_progress()
+        self.cond(RESTARTING, True, tier, message)
+        self.event("Warning", tier, f"{reason}: {message} (restart {status['restarts']}, "
+                                    f"job failures {status['jobRestarts']}/{budget['maxRestarts']}, "
+                                    f"disruptions {status['disruptions']}/{budget['maxDisruptions']})")
+
+    def enforce_budgets(self) -> None:
+        status, budget = self.status, self.rtj.spec["restartBudget"]
+        if status["jobRestarts"] > budget["maxRestarts"]:
             self.fail("RestartBudgetExhausted", f"{status['jobRestarts']} job failures exceed "
                       f"restartBudget.maxRestarts={budget['maxRestarts']}; last: {status.get('lastFailureMessage')}")
         elif status["disruptions"] > budget["maxDisruptions"]:
@@ -301,23 +309,15 @@ class _Pass:
         if failed.get("reason") == "PodFailurePolicy":
             self.fail("PermanentFailure", failed.get("message") or "a pod failed with a permanent exit code")
             return
+        if (self.status.get("recovery") or {}).get("pendingGangRestart"):
+            return
         # The Job gave up on its own (e.g. its backoff limit); a new gang may still succeed.
-        if self.status.get("phase") != "Failed" and not (self.status.get("recovery") or {}).get(
-                "pendingGangRestart"):
-            tiers = self.status["restartsByTier"]
-            tiers[recovery.GANG_RESTART] = tiers.get(recovery.GANG_RESTART, 0) + 1
-            self.status["restarts"] = sum(tiers.values())
-            self.status["jobRestarts"] += 1
-            self.track_progress()
-            metrics.RESTARTS.labels(recovery.GANG_RESTART, failed.get("reason") or "JobFailed").inc()
-            self.status.setdefault("restartStartedTime", timestamp(self.now))
-            budget = self.rtj.spec["restartBudget"]
-            if self.status["jobRestarts"] > budget["maxRestarts"]:
-                self.fail("RestartBudgetExhausted", f"Job failed ({failed.get('reason')}) and "
-                          f"{self.status['jobRestarts']} job failures exceed restartBudget.maxRestarts="
-                          f"{budget['maxRestarts']}")
-            else:
-                self.request_gang_restart(failed.get("reason") or "JobFailed")
+        reason = failed.get("reason") or "JobFailed"
+        self.record_restart(recovery.GANG_RESTART, reason, failed.get("message") or "the Job failed",
+                            platform=False)
+        self.enforce_budgets()
+        if self.status.get("phase") != "Failed":
+            self.request_gang_restart(reason)
 
     def fail(self, reason: str, message: str) -> None:
         if self.status.get("phase") == "Failed":
