@@ -18,77 +18,65 @@ STEPS = 60
 HEARTBEAT = 15  # seconds; above the ~10 s an in-process restart takes on CPU with gloo
 
 
-def launch(tmp: Path, *train_args: str, **env: str) -> tuple[int, list[dict], dict]:
-    run_ = local.launch(tmp, ["--steps", str(STEPS), "--step-seconds", "0.05", *train_args], timeout=240,
+def launch(tmp: Path, *train_args: str, **env: str) -> local.LocalRun:
+    return local.launch(tmp, ["--steps", str(STEPS), "--step-seconds", "0.05", *train_args], timeout=240,
                         heartbeat=HEARTBEAT, **env)
-    return run_.code, run_.timeline, run_.report
-
-
-def result(tmp: Path) -> dict:
-    return json.loads((tmp / "ckpt" / "result.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("clean")
-    code, timeline, report = launch(tmp)
-    assert code == exit_codes.OK, (tmp / "worker.log").read_text()[-3000:]
-    assert report == {"exitCode": 0, "reason": "training finished", "checkpointStep": STEPS}
-    assert {e["pid"] for e in timeline if e["event"] == "start"} == {e["pid"] for e in timeline}
-    return result(tmp)
-
-
-def starts(timeline: list[dict]) -> list[dict]:
-    return [e for e in timeline if e["event"] == "start"]
+    run_ = launch(tmp_path_factory.mktemp("clean"))
+    assert run_.code == exit_codes.OK, run_.log[-3000:]
+    assert run_.report == {"exitCode": 0, "reason": "training finished", "checkpointStep": STEPS}
+    assert {e["pid"] for e in run_.starts()} == {e["pid"] for e in run_.timeline}
+    return run_.result()
 
 
 def test_exception_is_recovered_in_process(tmp_path, clean_run):
-    code, timeline, _ = launch(tmp_path, "--fault", "1:25:exc")
-    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
-    first, second = starts(timeline)[:2], starts(timeline)[2:]
+    run_ = launch(tmp_path, "--fault", "1:25:exc")
+    assert run_.code == 0, run_.log[-3000:]
+    first, second = run_.starts()[:2], run_.starts()[2:]
     # Same processes, next Wrapper iteration: no process was restarted.
     assert {e["pid"] for e in first} == {e["pid"] for e in second}
     assert [e["iteration"] for e in second] == [1, 1]
     assert {e["step"] for e in second} == {20}  # the newest complete checkpoint before step 25
-    assert result(tmp_path) == clean_run
+    assert run_.result() == clean_run
 
 
 def test_sigkill_is_recovered_by_ft_launcher_respawn(tmp_path, clean_run):
-    code, timeline, _ = launch(tmp_path, "--fault", "1:25:sigkill")
-    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
-    first, second = starts(timeline)[:2], starts(timeline)[2:]
+    run_ = launch(tmp_path, "--fault", "1:25:sigkill")
+    assert run_.code == 0, run_.log[-3000:]
+    first, second = run_.starts()[:2], run_.starts()[2:]
     assert len(second) == 2 and not {e["pid"] for e in first} & {e["pid"] for e in second}
     assert {e["step"] for e in second} == {20}
-    log = (tmp_path / "worker.log").read_text()
-    assert "will restart worker group" in log  # the launcher of this pod did it, no new pod
-    assert result(tmp_path) == clean_run
+    assert "will restart worker group" in run_.log  # the launcher of this pod did it, no new pod
+    assert run_.result() == clean_run
 
 
 def test_hang_is_detected_by_heartbeat_timeout_then_respawned(tmp_path, clean_run):
-    code, timeline, _ = launch(tmp_path, "--fault", "0:25:hang")
-    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
-    fault = next(e for e in timeline if e["event"] == "fault")
-    second = starts(timeline)[2:]
+    run_ = launch(tmp_path, "--fault", "0:25:hang")
+    assert run_.code == 0, run_.log[-3000:]
+    fault = next(e for e in run_.timeline if e["event"] == "fault")
+    second = run_.starts()[2:]
     assert len(second) == 2 and fault["pid"] not in {e["pid"] for e in second}
     assert min(e["t"] for e in second) - fault["t"] >= HEARTBEAT
-    assert "Did not get subsequent heartbeat" in (tmp_path / "worker.log").read_text()
-    assert result(tmp_path) == clean_run
+    assert "Did not get subsequent heartbeat" in run_.log
+    assert run_.result() == clean_run
 
 
 def test_spent_launcher_budget_exits_with_a_clear_code(tmp_path):
-    code, _, report = launch(tmp_path, "--fault", "1:15:sigkill", "--fault", "0:35:sigkill",
-                             RTJ_FT_MAX_RESTARTS="1")
-    assert code == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
-    assert report["exitCode"] == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
-    assert "spending its 1 restarts" in report["reason"]
-    assert report["checkpointStep"] == 30
+    run_ = launch(tmp_path, "--fault", "1:15:sigkill", "--fault", "0:35:sigkill", RTJ_FT_MAX_RESTARTS="1")
+    assert run_.code == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+    assert run_.report["exitCode"] == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+    assert "spending its 1 restarts" in run_.report["reason"]
+    assert run_.report["checkpointStep"] == 30
 
 
 def test_permanent_failure_stops_without_spending_restarts(tmp_path):
-    code, timeline, report = launch(tmp_path, "--fault", "1:25:nan")
-    assert code == exit_codes.PERMANENT_FAILURE
-    assert report["reason"] == "loss is nan at step 25" and report["checkpointStep"] == 20
-    assert len(starts(timeline)) == 2  # no restart of any kind
+    run_ = launch(tmp_path, "--fault", "1:25:nan")
+    assert run_.code == exit_codes.PERMANENT_FAILURE
+    assert run_.report["reason"] == "loss is nan at step 25" and run_.report["checkpointStep"] == 20
+    assert len(run_.starts()) == 2  # no restart of any kind
 
 
 def test_launcher_flags_follow_the_operator_env():

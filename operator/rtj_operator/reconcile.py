@@ -206,7 +206,9 @@ class _Pass:
         if converge:
             self.act(plan)
             self.charge(plan, seen)
-        status["recovery"] = {**(status.get("recovery") or {}), "seenPods": sorted(seen)[-recovery.SEEN_LIMIT:]}
+        # Only pods still listed can turn up again, so the charged set is bounded by the pods themselves.
+        listed = {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}
+        status["recovery"] = {**(status.get("recovery") or {}), "seenPods": sorted(seen & listed)}
 
         job_status = (job or {}).get("status") or {}
         job_conds = job_status.get("conditions") or []

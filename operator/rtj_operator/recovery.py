@@ -41,8 +41,6 @@ PERMANENT_WAITING = {"InvalidImageName", "CreateContainerConfigError", "ErrImage
 # Pull errors that might be transient get this long before they count as permanent.
 IMAGE_PULL_GRACE = datetime.timedelta(minutes=5)
 IMAGE_PULL_WAITING = {"ImagePullBackOff", "ErrImagePull"}
-# How many charged pod uids to remember (enough to cover any budget).
-SEEN_LIMIT = 256
 
 
 @dataclass(frozen=True)
