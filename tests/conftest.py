@@ -1,8 +1,16 @@
-"""Shared fixtures: an embedded emulated API server per test, and the real operator on it."""
+"""Shared fixtures: one local control plane per test run (upstream kube-apiserver, etcd,
+kube-controller-manager, kube-scheduler, kwok nodes; see hack/rtj_dev/localcluster.py), the chart
+installed into it with helm, a namespace per test, and the real operator authenticated as the
+chart's ServiceAccount, so the real API server enforces the chart's RBAC on every call.
+"""
 
 from __future__ import annotations
 
 import copy
+import itertools
+import json
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,13 +18,17 @@ from typing import Any
 
 import pytest
 import yaml
+from rtj_dev.localcluster import LocalCluster
+from rtj_dev.operator_thread import OperatorThread
 
 from rtj_operator import api
-from rtj_operator.devcluster import EmbeddedCluster, JobSimulator, OperatorThread
-from rtj_operator.kube import Kube
+from rtj_operator.kube import Kube, configure
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+TOOLS = ROOT / ".tools" / "bin"
+RELEASE, RELEASE_NS = "rtj-operator", "rtj-system"
+_ns_counter = itertools.count()
 
 
 def rtj_body(name: str = "train", namespace: str = "default", **spec: Any) -> dict[str, Any]:
@@ -24,50 +36,176 @@ def rtj_body(name: str = "train", namespace: str = "default", **spec: Any) -> di
                             "storage": {"storageClassName": "fsx-sc"}}
     base.update(spec)
     return {"apiVersion": api.API_VERSION, "kind": api.KIND,
-            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": copy.deepcopy(base)}
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 20.0, step: Callable[[], None] | None = None,
-               what: str = "condition") -> Any:
+def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
+               interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while True:
-        if step is not None:
-            step()
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+# --- the cluster ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    if os.environ.get("RTJ_TEST_CLUSTER"):  # a cluster from `python -m rtj_dev.localcluster up --dir DIR`
+        local = LocalCluster.attach(Path(os.environ["RTJ_TEST_CLUSTER"]))
+        helm(local, "upgrade", "--install", RELEASE, str(ROOT / "charts" / "rtj-operator"), "-n", RELEASE_NS,
+             "--create-namespace", "--set", "replicaCount=0")
+        yield local
+        return
+    local = LocalCluster(nodes=int(os.environ.get("RTJ_TEST_NODES", "6"))).start()
+    try:
+        helm(local, "install", RELEASE, str(ROOT / "charts" / "rtj-operator"), "-n", RELEASE_NS,
+             "--create-namespace", "--wait", "--timeout", "60s",
+             # The operator runs as a process of the test run (with this release's ServiceAccount),
+             # not as the Deployment's pod: kwok nodes run no containers.
+             "--set", "replicaCount=0")
+        yield local
+    finally:
+        local.stop()
+
+
+def helm(cluster: LocalCluster, *args: str) -> str:
+    result = subprocess.run([str(TOOLS / "helm"), *args], env=cluster.env(), text=True, capture_output=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result.stdout
+
+
+def kubectl(cluster: LocalCluster, *args: str, input: str | None = None, check: bool = True,
+            kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**cluster.env(), **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {})}
+    result = subprocess.run([str(TOOLS / "kubectl"), *args], env=env, text=True, capture_output=True,
+                            input=input)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def operator_token(cluster: LocalCluster) -> str:
+    return cluster.service_account_token(RELEASE_NS, RELEASE)
 
 
 @pytest.fixture
-def cluster() -> Iterator[EmbeddedCluster]:
-    cluster = EmbeddedCluster().start()
-    yield cluster
-    cluster.stop()
+def kube(cluster: LocalCluster) -> Kube:
+    """An admin client for the test's own reads and writes (the operator has its own)."""
+    return Kube(configure(cluster.server, token=cluster.admin_token, ca_file=str(cluster.ca_file)),
+                )
 
 
 @pytest.fixture
-def kube(cluster: EmbeddedCluster) -> Kube:
-    return cluster.kube()
+def ns(cluster: LocalCluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test; deleted (by the real namespace controller) afterwards."""
+    name = f"t{next(_ns_counter)}{os.urandom(2).hex()}-{request.node.name.lower().replace('_', '-')}"[:50]
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in name).strip("-")
+    cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": name}})
+    wait_until(lambda: cluster.api("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default",
+                                   missing_ok=True), what="default ServiceAccount")
+    yield name
+    cluster.api("DELETE", f"/api/v1/namespaces/{name}", missing_ok=True)
 
 
 @pytest.fixture
-def sim(kube: Kube) -> JobSimulator:
-    simulator = JobSimulator(kube, ["node-a", "node-b", "node-c", "node-d"])
-    simulator.add_nodes()
-    return simulator
+def lost_nodes(cluster: LocalCluster) -> Iterator[Callable[[str], None]]:
+    """Lose nodes during a test; they come back (kwok renews their leases again) afterwards."""
+    lost: list[str] = []
+
+    def lose(name: str) -> None:
+        cluster.lose_node(name)
+        lost.append(name)
+
+    yield lose
+    for name in lost:
+        cluster.restore_node(name)
+
+
+def start_operator(cluster: LocalCluster, token: str, ns: str, **kwargs: Any) -> OperatorThread:
+    kwargs.setdefault("max_requeue", 1.0)
+    return OperatorThread(cluster.server, token, str(cluster.ca_file), namespaces=[ns], **kwargs).start()
 
 
 @pytest.fixture
-def operator(cluster: EmbeddedCluster) -> Iterator[OperatorThread]:
-    thread = OperatorThread(cluster.url, max_requeue=0.3).start()
+def operator(cluster: LocalCluster, operator_token: str, ns: str) -> Iterator[OperatorThread]:
+    thread = start_operator(cluster, operator_token, ns)
     yield thread
     thread.stop()
     assert thread.error is None, thread.error
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
+# --- what tests read and do ------------------------------------------------------------------------
+
+class Job:
+    """One RTJ in a test namespace, with the reads and pod actions the tests use."""
+
+    def __init__(self, kube: Kube, ns: str, name: str = "train"):
+        self.kube, self.ns, self.name = kube, ns, name
+
+    def create(self, **spec: Any) -> dict[str, Any]:
+        return self.kube.create(rtj_body(self.name, self.ns, **spec))
+
+    def patch(self, spec: dict[str, Any]) -> None:
+        self.kube.patch(api.KIND, self.name, self.ns, {"spec": spec})
+
+    def body(self) -> dict[str, Any]:
+        return self.kube.get(api.KIND, self.name, self.ns) or {}
+
+    def status(self) -> dict[str, Any]:
+        return self.body().get("status") or {}
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next((c for c in self.status().get("conditions", []) if c["type"] == type_), {})
+
+    def job(self) -> dict[str, Any] | None:
+        return self.kube.get("Job", self.name, self.ns)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.kube.list("Pod", self.ns, {api.LABEL_NAME: self.name})
+
+    def running_pods(self) -> list[dict[str, Any]]:
+        return sorted((p for p in self.pods() if p["status"].get("phase") == "Running"
+                       and not p["metadata"].get("deletionTimestamp")),
+                      key=lambda p: p["metadata"]["name"])
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.kube.list("Event", self.ns)
+
+    def reasons(self) -> list[str]:
+        return [e["reason"] for e in self.events() if e["involvedObject"].get("kind") == api.KIND]
+
+    def wait_phase(self, phase: str, timeout: float = 60.0) -> dict[str, Any]:
+        return wait_until(lambda: self.status() if self.status().get("phase") == phase else None,
+                          timeout=timeout, what=f"phase {phase} (now {self.status().get('phase')})")
+
+    def wait_running(self, nodes: int | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        def ok() -> dict[str, Any] | None:
+            st = self.status()
+            if st.get("phase") == "Running" and (nodes is None or st.get("nodesReady") == nodes):
+                return st
+            return None
+        return wait_until(ok, timeout=timeout, what=f"Running (now {self.status().get('phase')})")
+
+    def exit_pod(self, pod: dict[str, Any], code: int, reason: str = "Error", step: int | None = None,
+                 message: dict[str, Any] | None = None) -> None:
+        """The pod's container exits with `code` (kwok's pod-exit stage) and writes the worker's
+        termination report, as rtj_worker.entrypoint does."""
+        report = dict(message or {"exitCode": code, "reason": f"exit {code}"})
+        if step is not None:
+            report["checkpointStep"] = step
+        self.kube.patch("Pod", pod["metadata"]["name"], self.ns, {"metadata": {"annotations": {
+            "kwok.rtj.dev/exit-code": str(code), "kwok.rtj.dev/exit-reason": reason,
+            "kwok.rtj.dev/exit-message": json.dumps(report)}}})

@@ -1,262 +1,271 @@
-"""The recovery ladder: scenarios driven against the emulated API with the real operator."""
+"""The recovery ladder on the local control plane: kwok kubelets that stop renewing their lease,
+the real node-lifecycle and taint-eviction controllers, the real Eviction API, Job controller
+(pod failure policy, FailureTarget, replacement back-off) and garbage collector."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import socket
+import time
 import urllib.request
 
 import prometheus_client
 import pytest
 
-from conftest import rtj_body, wait_until
+from conftest import Job, start_operator, wait_until
 from rtj_operator import api, recovery
-from rtj_operator.devcluster import OperatorThread
 from rtj_worker import exit_codes
 
-NS = "default"
 REGISTRY = prometheus_client.REGISTRY
+FAST = {"nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3}
 
 
 def metric(metric_name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(metric_name, labels) or 0.0
 
 
-def create(kube, **spec) -> None:
-    body = rtj_body(**{"restartBudget": {"terminatingTimeoutSeconds": 10}, **spec})
-    body["metadata"] = {"name": "train", "namespace": NS}
-    kube.create(body)
+@pytest.fixture
+def rtj(kube, ns) -> Job:
+    return Job(kube, ns)
 
 
-def status(kube) -> dict:
-    return ((kube.get(api.KIND, "train", NS) or {}).get("status")) or {}
-
-
-def condition(kube, type_: str) -> dict:
-    return next((c for c in status(kube).get("conditions", []) if c["type"] == type_), {})
-
-
-def running(kube, sim) -> None:
-    wait_until(lambda: status(kube).get("phase") == "Running", step=sim.step, what="Running")
-
-
-def live_pods(kube) -> list[dict]:
-    return [p for p in kube.list("Pod", NS) if p["status"]["phase"] == "Running"
-            and not p["metadata"].get("deletionTimestamp")]
-
-
-def fail_pod(kube, pod: dict, code: int, reason: str = "Error", step: int | None = None) -> None:
-    report = {"exitCode": code, "reason": f"exit {code}"}
-    if step is not None:
-        report["checkpointStep"] = step
-    kube.patch("Pod", pod["metadata"]["name"], NS, {"status": {
-        "phase": "Failed", "conditions": [{"type": "Ready", "status": "False"}],
-        "containerStatuses": [{"name": "worker", "state": {"terminated": {
-            "exitCode": code, "reason": reason, "message": json.dumps(report)}}}]}})
-
-
-def test_lost_node_replaces_only_its_pod_and_counts_a_disruption(kube, sim, operator):
-    create(kube, nodes={"count": 3})
-    running(kube, sim)
-    before = metric("rtj_restarts_total", tier="ReplacePod", reason="NodeDeleted")
+def test_lost_node_replaces_only_its_pod_and_counts_a_disruption(rtj, kube, ns, operator, lost_nodes):
+    """Issue 8.a/8.d: the real node-lifecycle controller sees the lease expire; after the grace period
+    the pod is evicted (DisruptionTarget, so backoffLimit is not charged); stuck Terminating on the
+    dead node, it is failed and deleted as PodGC would; the Job controller replaces only that index."""
+    rtj.create(nodes={"count": 3}, restartBudget=FAST)
+    rtj.wait_running(nodes=3)
     recoveries = metric("rtj_recovery_seconds_count")
-    victim, *others = live_pods(kube)
-    kube.delete("Node", victim["spec"]["nodeName"], None)
-    wait_until(lambda: status(kube).get("phase") == "Restarting", step=sim.step, what="Restarting")
-    cond = condition(kube, "Restarting")
-    assert cond["status"] == "True" and cond["reason"] == "ReplacePod" and "NodeDeleted" not in cond["reason"]
-    # A dead kubelet never confirms deletion: the pod is force-deleted after the timeout, then replaced.
-    wait_until(lambda: status(kube).get("phase") == "Running", step=sim.step, timeout=30, what="recovered")
-    st = status(kube)
+    pods = rtj.running_pods()
+    victim, others = pods[1], [pods[0], pods[2]]
+    lost_nodes(victim["spec"]["nodeName"])
+    wait_until(lambda: rtj.status().get("phase") == "Restarting", timeout=30, what="Restarting")
+    assert rtj.condition("Restarting")["reason"] == "ReplacePod"
+    st = rtj.wait_running(nodes=3, timeout=90)
     assert (st["disruptions"], st["jobRestarts"], st["restarts"]) == (1, 0, 1)
     assert st["restartsByTier"] == {"ReplacePod": 1, "GangRestart": 0}
-    assert st["lastFailureReason"] == "NodeDeleted" and st["lastRecoverySeconds"] >= 10
-    assert condition(kube, "Restarting")["status"] == "False"
-    # The other pods were never touched; the Job is the same Job.
-    assert {p["metadata"]["uid"] for p in others} <= {p["metadata"]["uid"] for p in live_pods(kube)}
-    assert victim["spec"]["nodeName"] not in {p["spec"]["nodeName"] for p in live_pods(kube)}
-    reasons = [e["reason"] for e in kube.list("Event", NS)]
-    for reason in ("ReplacingPod", "ReplacePod", "ForceDeletedPod", "Recovered"):
-        assert reason in reasons
-    assert metric("rtj_restarts_total", tier="ReplacePod", reason="NodeDeleted") == before + 1
+    assert st["lastFailureReason"] in ("NodeUnreachable", "NodeNotReady") and st["lastRecoverySeconds"] > 2
+    # Only the victim's index was replaced, on another node; the others kept running untouched.
+    now = {p["metadata"]["uid"] for p in rtj.running_pods()}
+    assert {p["metadata"]["uid"] for p in others} <= now and victim["metadata"]["uid"] not in now
+    assert victim["spec"]["nodeName"] not in {p["spec"]["nodeName"] for p in rtj.running_pods()}
+    reasons = rtj.reasons()
+    assert reasons.count("EvictingPod") == 1 and reasons.count("ForceDeletedPod") == 1, reasons
+    assert "Recovered" in reasons
+    job = rtj.job()
+    assert not any(c["type"] in ("Failed", "FailureTarget") for c in job["status"].get("conditions") or [])
     assert metric("rtj_recovery_seconds_count") == recoveries + 1
 
 
-def test_eviction_counts_against_disruptions_not_job_failures(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    pod = live_pods(kube)[0]
-    kube.patch("Pod", pod["metadata"]["name"], NS, {"status": {"phase": "Failed", "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
-         "message": "Eviction API: evicting"}]}})
-    wait_until(lambda: status(kube).get("disruptions") == 1, step=sim.step, what="disruption counted")
-    running(kube, sim)
-    st = status(kube)
-    assert st["jobRestarts"] == 0 and st["lastFailureReason"] == "EvictionByEvictionAPI"
+def test_a_flapping_node_replaces_nothing(rtj, kube, ns, operator, lost_nodes, cluster):
+    """Issue 9.9: NotReady blips shorter than the grace period never kill a healthy rank."""
+    rtj.create(restartBudget={"nodeLossGraceSeconds": 20, "maxDisruptions": 1})
+    rtj.wait_running()
+    pods = rtj.running_pods()
+    node = pods[0]["spec"]["nodeName"]
+    for _ in range(3):
+        lost_nodes(node)
+        wait_until(lambda: recovery.node_lost(kube.get("Node", node)), timeout=30, what="node NotReady")
+        cluster.restore_node(node)
+        wait_until(lambda: not recovery.node_lost(kube.get("Node", node)), timeout=30, what="node Ready")
+    time.sleep(2)
+    st = rtj.status()
+    assert st["phase"] == "Running" and st["disruptions"] == 0 and st["restarts"] == 0
+    assert {p["metadata"]["uid"] for p in rtj.running_pods()} == {p["metadata"]["uid"] for p in pods}
 
 
-def test_pod_stuck_terminating_on_unreachable_node_is_force_deleted(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    pod = live_pods(kube)[0]
-    node = pod["spec"]["nodeName"]
-    kube.patch("Node", node, None, {"spec": {"taints": [{"key": "node.kubernetes.io/unreachable",
-                                                         "effect": "NoExecute"}]},
-                                    "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
-    stuck = wait_until(lambda: (kube.get("Pod", pod["metadata"]["name"], NS) or {}).get("metadata", {}).get(
-        "deletionTimestamp"), step=sim.step, what="pod Terminating")
-    assert stuck
-    wait_until(lambda: kube.get("Pod", pod["metadata"]["name"], NS) is None, step=sim.step, timeout=30,
-               what="force delete")
-    running(kube, sim)
-    assert status(kube)["lastFailureReason"] == "NodeUnreachable"
-    assert "ForceDeletedPod" in [e["reason"] for e in kube.list("Event", NS)]
+def test_an_eviction_is_counted_as_a_disruption_while_terminating(rtj, kube, ns, operator):
+    """Issue 8.c: a drain through the real Eviction API is a disruption, counted once, not a job failure."""
+    rtj.create()
+    rtj.wait_running()
+    pod = rtj.running_pods()[0]
+    assert kube.evict(pod["metadata"]["name"], ns)
+    wait_until(lambda: rtj.status().get("disruptions") == 1, what="disruption counted")
+    st = rtj.wait_running(nodes=2, timeout=60)
+    assert st["disruptions"] == 1 and st["jobRestarts"] == 0 and st["lastFailureReason"] == "EvictionByEvictionAPI"
+    time.sleep(1)
+    assert rtj.status()["disruptions"] == 1
 
 
 @pytest.mark.parametrize("code, reason", [(exit_codes.CONFIG_ERROR, "ConfigError"),
                                           (exit_codes.PERMANENT_FAILURE, "PermanentFailure")])
-def test_permanent_failure_fails_fast_without_restarts(kube, sim, operator, code, reason):
-    create(kube)
-    running(kube, sim)
-    fail_pod(kube, live_pods(kube)[0], code)
-    wait_until(lambda: status(kube).get("phase") == "Failed", step=sim.step, what="Failed")
-    st = status(kube)
+def test_permanent_failure_fails_fast_without_restarts(rtj, kube, ns, operator, code, reason):
+    rtj.create()
+    rtj.wait_running()
+    rtj.exit_pod(rtj.running_pods()[0], code)
+    st = rtj.wait_phase("Failed")
     assert st["restarts"] == 0 and st["lastFailureReason"] == reason
-    cond = condition(kube, "Failed")
-    assert cond["status"] == "True" and cond["reason"] == reason and f"exited with code {code}" in cond["message"]
+    cond = rtj.condition("Failed")
+    assert cond["reason"] == reason and f"exited with code {code}" in cond["message"]
     # The Job is kept for inspection, suspended so that no pod holds GPUs.
-    assert kube.get("Job", "train", NS)["spec"]["suspend"] is True
-    wait_until(lambda: not live_pods(kube), step=sim.step, what="pods gone")
+    wait_until(lambda: rtj.job()["spec"]["suspend"] is True, what="Job suspended")
+    wait_until(lambda: not rtj.running_pods(), what="pods gone")
 
 
-def test_bad_image_is_permanent(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    pod = live_pods(kube)[0]
-    kube.patch("Pod", pod["metadata"]["name"], NS, {"status": {"phase": "Pending", "containerStatuses": [
-        {"name": "worker", "state": {"waiting": {"reason": "InvalidImageName", "message": "bad ref"}}}]}})
-    wait_until(lambda: status(kube).get("phase") == "Failed", step=sim.step)
-    assert condition(kube, "Failed")["reason"] == "InvalidImageName"
-
-
-def test_restart_budget_exhaustion_ends_failed_instead_of_looping(kube, sim, operator):
-    create(kube, restartBudget={"maxRestarts": 1, "maxRestartsWithoutProgress": 10,
-                                "terminatingTimeoutSeconds": 10})
-    running(kube, sim)
-    fail_pod(kube, live_pods(kube)[0], exit_codes.LAUNCHER_BUDGET_EXHAUSTED, step=10)
-    wait_until(lambda: status(kube).get("jobRestarts") == 1, step=sim.step)
-    running(kube, sim)
-    assert status(kube)["lastRecoverySeconds"] >= 0
-    fail_pod(kube, live_pods(kube)[0], exit_codes.LAUNCHER_BUDGET_EXHAUSTED, step=20)
-    wait_until(lambda: status(kube).get("phase") == "Failed", step=sim.step, what="Failed")
-    cond = condition(kube, "Failed")
+def test_restart_budget_exhaustion_ends_failed_instead_of_looping(rtj, kube, ns, operator):
+    rtj.create(restartBudget={"maxRestarts": 1, "maxRestartsWithoutProgress": 10})
+    rtj.wait_running()
+    first, second = rtj.running_pods()
+    rtj.exit_pod(first, exit_codes.LAUNCHER_BUDGET_EXHAUSTED, step=10)
+    wait_until(lambda: rtj.status().get("jobRestarts") == 1, what="first failure charged")
+    rtj.exit_pod(second, exit_codes.LAUNCHER_BUDGET_EXHAUSTED, step=20)
+    st = rtj.wait_phase("Failed")
+    cond = rtj.condition("Failed")
     assert cond["reason"] == "RestartBudgetExhausted"
     assert "2 job failures exceed restartBudget.maxRestarts=1" in cond["message"]
-    assert status(kube)["lastCheckpointStep"] == 20
-    assert kube.get("Job", "train", NS)["spec"]["suspend"] is True
+    assert st["lastCheckpointStep"] == 20
+    wait_until(lambda: rtj.job()["spec"]["suspend"] is True, what="Job suspended")
     # Terminal: later passes change nothing and restart nothing.
-    before = status(kube)
-    for _ in range(10):
-        sim.step()
-    assert status(kube)["restarts"] == before["restarts"] and status(kube)["phase"] == "Failed"
+    time.sleep(2)
+    assert rtj.status()["restarts"] == st["restarts"] and rtj.status()["phase"] == "Failed"
 
 
-def test_restarts_without_checkpoint_progress_end_failed(kube, sim, operator):
-    create(kube, restartBudget={"maxRestarts": 10, "maxRestartsWithoutProgress": 1,
-                                "terminatingTimeoutSeconds": 10})
-    running(kube, sim)
-    fail_pod(kube, live_pods(kube)[0], 1, step=30)
-    wait_until(lambda: status(kube).get("jobRestarts") == 1, step=sim.step)
-    running(kube, sim)
-    fail_pod(kube, live_pods(kube)[0], 1, step=30)  # the same step again: no progress
-    wait_until(lambda: status(kube).get("phase") == "Failed", step=sim.step)
-    assert condition(kube, "Failed")["reason"] == "NoProgress"
-    assert "past 30" in condition(kube, "Failed")["message"]
+def test_restarts_without_checkpoint_progress_end_failed(rtj, kube, ns, operator):
+    rtj.create(restartBudget={"maxRestarts": 10, "maxRestartsWithoutProgress": 1})
+    rtj.wait_running()
+    first, second = rtj.running_pods()
+    rtj.exit_pod(first, 1, step=30)
+    wait_until(lambda: rtj.status().get("jobRestarts") == 1, what="first failure charged")
+    rtj.exit_pod(second, 1, step=30)  # the same step again: no progress
+    rtj.wait_phase("Failed")
+    assert rtj.condition("Failed")["reason"] == "NoProgress" and "past 30" in rtj.condition("Failed")["message"]
 
 
-def test_progress_between_failures_keeps_the_job_alive(kube, sim, operator):
-    create(kube, restartBudget={"maxRestarts": 10, "maxRestartsWithoutProgress": 1,
-                                "terminatingTimeoutSeconds": 10})
-    running(kube, sim)
-    for step in (30, 60, 90):
-        fail_pod(kube, live_pods(kube)[0], 1, step=step)
-        wait_until(lambda s=step: status(kube).get("lastCheckpointStep") == s, step=sim.step)
-        running(kube, sim)
-    st = status(kube)
-    assert st["jobRestarts"] == 3 and st["restartsWithoutProgress"] == 1 and st["phase"] == "Running"
+def test_progress_between_failures_keeps_the_job_alive(rtj, kube, ns, operator):
+    rtj.create(restartBudget={"maxRestarts": 10, "maxRestartsWithoutProgress": 1})
+    rtj.wait_running()
+    first, second = rtj.running_pods()
+    rtj.exit_pod(first, 1, step=30)
+    wait_until(lambda: rtj.status().get("lastCheckpointStep") == 30, what="step 30")
+    rtj.exit_pod(second, 1, step=60)
+    wait_until(lambda: rtj.status().get("lastCheckpointStep") == 60, what="step 60")
+    st = rtj.wait_running(nodes=2, timeout=60)
+    assert st["jobRestarts"] == 2 and st["restartsWithoutProgress"] == 1
 
 
-def test_checkpoint_progress_from_pod_annotations(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    pod = live_pods(kube)[0]
-    kube.patch("Pod", pod["metadata"]["name"], NS, {"metadata": {"annotations": {
-        api.ANNOTATION_CHECKPOINT_STEP: "400"}}})
-    wait_until(lambda: status(kube).get("lastCheckpointStep") == 400, step=sim.step)
-    assert status(kube)["lastCheckpointTime"].endswith("Z")
-    assert metric("rtj_checkpoint_age_seconds", namespace=NS, name="train") >= 0
+def test_progress_is_trusted_only_from_the_pods_own_report(rtj, kube, ns, operator):
+    """Issue 9.5: an annotation any pod-patcher can forge does not move the checkpoint step."""
+    rtj.create()
+    rtj.wait_running()
+    pod = rtj.running_pods()[0]
+    kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
+        api.ANNOTATION_CHECKPOINT_STEP: "999999999"}}})
+    rtj.exit_pod(rtj.running_pods()[1], 1, step=400)
+    wait_until(lambda: rtj.status().get("lastCheckpointStep") == 400, what="step from the termination report")
+    assert rtj.status()["lastCheckpointTime"].endswith("Z")
+    time.sleep(1)
+    assert rtj.status()["lastCheckpointStep"] == 400
 
 
-def test_failed_rendezvous_recreates_the_whole_gang_once(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    old_job = kube.get("Job", "train", NS)
-    for pod in live_pods(kube):  # every node reports the same failed rendezvous
-        fail_pod(kube, pod, exit_codes.RENDEZVOUS_FAILED)
-    wait_until(lambda: (kube.get("Job", "train", NS) or {}).get("metadata", {}).get("uid") not in
-               (None, old_job["metadata"]["uid"]), step=sim.step, what="new Job")
-    job = kube.get("Job", "train", NS)
+def test_forged_pods_with_the_jobs_labels_are_not_counted(rtj, kube, ns, operator):
+    """Issue 9.5: pods that carry the RTJ's labels but are not owned by its Job charge nothing."""
+    rtj.create(restartBudget={"maxRestarts": 1})
+    rtj.wait_running()
+    labels = {k: v for k, v in rtj.running_pods()[0]["metadata"]["labels"].items()
+              if not k.startswith("batch.kubernetes.io") and k not in ("controller-uid", "job-name")}
+    for i in range(3):
+        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"forged-{i}", "namespace": ns,
+                                                                    "labels": labels},
+                     "spec": {"restartPolicy": "Never", "containers": [{"name": "worker", "image": "evil:1"}],
+                              "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}})
+    wait_until(lambda: sum(1 for p in kube.list("Pod", ns) if p["metadata"]["name"].startswith("forged")
+                           and p["status"].get("phase") == "Running") == 3, what="forged pods running")
+    for i in range(3):
+        rtj.exit_pod(kube.get("Pod", f"forged-{i}", ns), 1, step=999)
+    wait_until(lambda: all(kube.get("Pod", f"forged-{i}", ns)["status"]["phase"] == "Failed" for i in range(3)),
+               what="forged pods failed")
+    time.sleep(2)
+    st = rtj.status()
+    assert st["phase"] == "Running" and st["jobRestarts"] == 0 and st["restarts"] == 0
+    assert st.get("lastCheckpointStep", 0) != 999
+
+
+def test_failed_rendezvous_recreates_the_whole_gang_once(rtj, kube, ns, operator):
+    """Issue 8.b: ranks exit at different moments and Foreground deletion keeps the old pods visible;
+    the failure is still charged once per gang attempt."""
+    rtj.create(restartBudget={"maxRestarts": 3, "maxRestartsWithoutProgress": 1})
+    rtj.wait_running()
+    old_uid = rtj.job()["metadata"]["uid"]
+    for pod in rtj.running_pods():
+        rtj.exit_pod(pod, exit_codes.RENDEZVOUS_FAILED)
+        time.sleep(1.5)
+    wait_until(lambda: (rtj.job() or {}).get("metadata", {}).get("uid") not in (None, old_uid), timeout=60,
+               what="new Job")
+    job = rtj.job()
     assert job["metadata"]["annotations"][api.LABEL_ATTEMPT] == "2"
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RTJ_RDZV_ID"].endswith("-2")
-    running(kube, sim)
-    st = status(kube)
+    st = rtj.wait_running(nodes=2, timeout=60)
     assert st["restartsByTier"] == {"ReplacePod": 0, "GangRestart": 1}
-    assert st["jobRestarts"] == 1 and st["attempt"] == 2
-    assert "GangRestart" in [e["reason"] for e in kube.list("Event", NS)]
+    assert st["jobRestarts"] == 1 and st["attempt"] == 2 and st["phase"] == "Running"
+    assert rtj.reasons().count("GangRestart") == 1
 
 
-def test_a_job_that_gives_up_by_itself_gets_a_new_gang_within_budget(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
-    kube.patch("Job", "train", NS, {"status": {"conditions": [
-        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active too long"}]}})
-    wait_until(lambda: status(kube).get("attempt") == 2, step=sim.step, what="attempt 2")
-    running(kube, sim)
-    st = status(kube)
+def test_a_job_that_gives_up_by_itself_gets_a_new_gang_within_budget(rtj, kube, ns, operator):
+    """Issue 8.f: the real Job controller sets FailureTarget first; the operator starts the new gang then."""
+    rtj.create()
+    rtj.wait_running()
+    kube.patch("Job", "train", ns, {"spec": {"activeDeadlineSeconds": 1}})
+    wait_until(lambda: rtj.status().get("attempt") == 2, timeout=30, what="attempt 2")
+    st = rtj.wait_running(nodes=2, timeout=60)
     assert st["restartsByTier"]["GangRestart"] == 1 and st["jobRestarts"] == 1
     assert st["lastFailureReason"] == "DeadlineExceeded"
 
 
-def test_budgets_survive_an_operator_restart_mid_recovery_and_deleted_children(cluster, kube, sim):
-    first = OperatorThread(cluster.url, max_requeue=0.3).start()
+def test_replacement_backoff_is_visible_and_a_new_gang_avoids_it(rtj, kube, ns, operator):
+    """Issue 8.e, measured on the real Job controller: each failed pod of a Job doubles the delay
+    before its replacement (10 s, 20 s, ...). The delay is reported, and once it would outlast half
+    the rendezvous timeout the operator starts a new Job, which starts without back-off."""
+    rtj.create(resiliency={"rendezvousTimeoutSeconds": 30}, restartBudget={"maxRestarts": 5,
+                                                                         "maxRestartsWithoutProgress": 5})
+    rtj.wait_running()
+    victim = rtj.running_pods()[0]
+    index = victim["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+    rtj.exit_pod(victim, 1)
+    failed_at = time.monotonic()
+    wait_until(lambda: (rtj.status().get("recovery") or {}).get("replacementBackoffSeconds") == 10,
+               what="back-off reported")
+
+    def replacement() -> dict | None:
+        return next((p for p in rtj.running_pods() if p["metadata"]["labels"][
+            "batch.kubernetes.io/job-completion-index"] == index), None)
+
+    second = wait_until(replacement, timeout=40, what="replacement")
+    delay = time.monotonic() - failed_at
+    assert delay >= 8, f"the Job controller replaced the pod after {delay:.1f}s"  # its documented 10 s
+    assert "ReplacementBackoff" in rtj.reasons()
+    rtj.exit_pod(second, 1)  # the second failure of this Job: 20 s > 30 s / 2
+    wait_until(lambda: rtj.status().get("attempt") == 2, timeout=20, what="new gang")
+    rtj.wait_running(nodes=2, timeout=60)
+    assert rtj.status()["jobRestarts"] == 2
+
+
+def test_budgets_survive_an_operator_restart_and_deleted_children(rtj, kube, ns, cluster, operator_token):
+    first = start_operator(cluster, operator_token, ns)
     try:
-        create(kube, restartBudget={"maxRestarts": 5, "terminatingTimeoutSeconds": 10})
-        running(kube, sim)
-        fail_pod(kube, live_pods(kube)[0], 1, step=10)
-        wait_until(lambda: status(kube).get("jobRestarts") == 1, what="failure charged")
+        rtj.create(restartBudget={"maxRestarts": 5})
+        rtj.wait_running()
+        rtj.exit_pod(rtj.running_pods()[0], 1, step=10)
+        wait_until(lambda: rtj.status().get("jobRestarts") == 1, what="failure charged")
     finally:
         first.stop()
-    assert status(kube)["phase"] == "Restarting"  # stopped mid-recovery, replacement not yet running
-    second = OperatorThread(cluster.url, max_requeue=0.3).start()
+    second = start_operator(cluster, operator_token, ns)
     try:
-        running(kube, sim)
-        st = status(kube)
+        st = rtj.wait_running(nodes=2, timeout=60)
         assert st["jobRestarts"] == 1 and st["restarts"] == 1  # the same failed pod is not charged twice
-        assert st["lastRecoverySeconds"] > 0
         # Deleting the children resets nothing: the budget lives in the RTJ's status.
-        kube.delete("Job", "train", NS)
-        wait_until(lambda: kube.get("Job", "train", NS) is not None, step=sim.step, what="Job recreated")
-        running(kube, sim)
-        assert status(kube)["jobRestarts"] == 1
+        kube.delete("Job", "train", ns, propagation="Foreground")
+        wait_until(lambda: (rtj.job() or {}).get("metadata", {}).get("deletionTimestamp") is None
+                   and rtj.job() is not None, timeout=60, what="Job recreated")
+        rtj.wait_running(nodes=2, timeout=60)
+        assert rtj.status()["jobRestarts"] == 1
     finally:
         second.stop()
 
 
-def test_metrics_are_served_over_http(kube, sim, operator):
-    create(kube)
-    running(kube, sim)
+def test_metrics_are_served_over_http(rtj, kube, ns, operator):
+    rtj.create()
+    rtj.wait_running()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -275,12 +284,20 @@ def test_metrics_are_served_over_http(kube, sim, operator):
 # --- classification, as pure functions -----------------------------------------------------------
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
-READY = {"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-NOT_READY = {"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+TIMING = recovery.Timing(node_grace=datetime.timedelta(seconds=30),
+                         terminating_timeout=datetime.timedelta(seconds=60))
 
 
-def pod(phase="Running", deleting_since=None, **status) -> dict:
-    meta = {"name": "p", "uid": "u", "creationTimestamp": "2026-01-01T11:00:00Z"}
+def node(ready: str = "True", since: int = 600, unreachable: bool = False) -> dict:
+    changed = (NOW - datetime.timedelta(seconds=since)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}] if unreachable else []
+    return {"metadata": {"name": "n"}, "spec": {"taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": changed}]}}
+
+
+def pod(phase="Running", deleting_since=None, age=3600, **status) -> dict:
+    created = (NOW - datetime.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta = {"name": "p", "uid": "u", "creationTimestamp": created}
     if deleting_since is not None:
         meta["deletionTimestamp"] = (NOW - datetime.timedelta(seconds=deleting_since)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"metadata": meta, "spec": {"nodeName": "n"}, "status": {"phase": phase, **status}}
@@ -290,37 +307,63 @@ def terminated(code, reason="Error"):
     return {"containerStatuses": [{"state": {"terminated": {"exitCode": code, "reason": reason}}}]}
 
 
-@pytest.mark.parametrize("the_pod, node, kind, reason, action", [
-    (pod(), READY, None, None, None),  # alive and healthy: in-job layers own it
-    (pod(), None, recovery.PLATFORM, "NodeDeleted", "delete"),
-    (pod(), NOT_READY, recovery.PLATFORM, "NodeNotReady", "delete"),
-    (pod(deleting_since=5), NOT_READY, recovery.PLATFORM, "NodeNotReady", ""),
-    (pod(deleting_since=300), NOT_READY, recovery.PLATFORM, "NodeNotReady", "force-delete"),
-    (pod(deleting_since=300), READY, None, None, None),  # a live kubelet finishes it
-    (pod("Failed", **terminated(137, "OOMKilled")), READY, recovery.JOB_FAILURE, "OOMKilled", ""),
-    (pod("Failed", **terminated(1)), READY, recovery.JOB_FAILURE, "ExitCode1", ""),
-    (pod("Failed", **terminated(70)), READY, recovery.JOB_FAILURE, "LauncherRestartsExhausted", ""),
-    (pod("Failed", **terminated(71)), READY, recovery.RENDEZVOUS, "RendezvousFailed", ""),
-    (pod("Failed", **terminated(64)), READY, recovery.PERMANENT, "ConfigError", ""),
-    (pod("Failed", reason="Evicted", message="low memory"), READY, recovery.PLATFORM, "Evicted", ""),
+def waiting(reason):
+    return {"containerStatuses": [{"state": {"waiting": {"reason": reason}}}]}
+
+
+DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+
+
+@pytest.mark.parametrize("the_pod, the_node, kind, reason, action", [
+    (pod(), node(), None, None, None),  # alive and healthy: in-job layers own it
+    (pod(), None, recovery.PLATFORM, "NodeDeleted", recovery.EVICT),
+    (pod(), node("False", since=60), recovery.PLATFORM, "NodeNotReady", recovery.EVICT),
+    (pod(), node("False", since=5), None, None, None),  # a blip: within the grace period
+    (pod(), node("Unknown", since=5, unreachable=True), None, None, None),
+    (pod(), node("Unknown", since=31, unreachable=True), recovery.PLATFORM, "NodeUnreachable", recovery.EVICT),
+    (pod(deleting_since=5), node("False"), recovery.PLATFORM, "NodeNotReady", ""),
+    (pod(deleting_since=61), node("False"), recovery.PLATFORM, "NodeNotReady", recovery.FORCE),
+    (pod(deleting_since=300), node(), None, None, None),  # a live kubelet finishes it
+    (pod(deleting_since=1, conditions=DISRUPTED), node(), recovery.PLATFORM, "EvictionByEvictionAPI", ""),
+    (pod("Failed", **terminated(137, "OOMKilled")), node(), recovery.JOB_FAILURE, "OOMKilled", ""),
+    (pod("Failed", **terminated(1)), node(), recovery.JOB_FAILURE, "ExitCode1", ""),
+    (pod("Failed", **terminated(70)), node(), recovery.JOB_FAILURE, "LauncherRestartsExhausted", ""),
+    (pod("Failed", **terminated(71)), node(), recovery.RENDEZVOUS, "RendezvousFailed", ""),
+    (pod("Failed", **terminated(64)), node(), recovery.PERMANENT, "ConfigError", ""),
+    (pod("Failed", reason="Evicted", message="low memory"), node(), recovery.PLATFORM, "Evicted", ""),
     (pod("Failed", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
-     READY, recovery.PLATFORM, "PreemptionByScheduler", ""),
-    (pod("Pending", containerStatuses=[{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]), READY,
-     recovery.PERMANENT, "ImagePullBackOff", ""),  # an hour in back-off: past the grace
-    (pod("Pending", containerStatuses=[{"state": {"waiting": {"reason": "ContainerCreating"}}}]), READY,
-     None, None, None),
+     node(), recovery.PLATFORM, "PreemptionByScheduler", ""),
+    (pod("Pending", **waiting("ImagePullBackOff")), node(), recovery.PERMANENT, "ImagePullBackOff", ""),
+    (pod("Pending", age=60, **waiting("ImagePullBackOff")), node(), None, None, None),
+    (pod("Pending", **waiting("InvalidImageName")), node(), recovery.PERMANENT, "InvalidImageName", ""),
+    # Issue 8.h: a Secret created a moment later is a common, transient CreateContainerConfigError.
+    (pod("Pending", age=30, **waiting("CreateContainerConfigError")), node(), None, None, None),
+    (pod("Pending", age=180, **waiting("CreateContainerConfigError")), node(), recovery.PERMANENT,
+     "CreateContainerConfigError", ""),
+    (pod("Pending", **waiting("ContainerCreating")), node(), None, None, None),
 ])
-def test_classify(the_pod, node, kind, reason, action):
-    finding = recovery.classify(the_pod, node, NOW, datetime.timedelta(seconds=300))
+def test_classify(the_pod, the_node, kind, reason, action):
+    finding = recovery.classify(the_pod, the_node, NOW, TIMING)
     if kind is None:
         assert finding is None
     else:
         assert (finding.kind, finding.reason, finding.action) == (kind, reason, action)
 
 
+def test_grace_periods_tell_when_to_look_again():
+    plan = recovery.Plan()
+    assert recovery.classify(pod(), node("False", since=10), NOW, TIMING, plan) is None
+    assert plan.recheck == 20
+
+
 def test_plan_charges_each_pod_once():
     failed = pod("Failed", **terminated(1))
-    first = recovery.plan([failed], {"n": READY}, set(), NOW, datetime.timedelta(seconds=300))
+    first = recovery.plan([failed], {"n": node()}, set(), NOW, TIMING)
     assert [f.reason for f in first.findings] == ["ExitCode1"]
-    again = recovery.plan([failed], {"n": READY}, {"u"}, NOW, datetime.timedelta(seconds=300))
+    again = recovery.plan([failed], {"n": node()}, {"u"}, NOW, TIMING)
     assert again.findings == []
+
+
+@pytest.mark.parametrize("failed, delay", [(0, 0), (1, 10), (2, 20), (3, 40), (7, 600), (50, 600)])
+def test_replacement_backoff_follows_the_job_controller(failed, delay):
+    assert recovery.replacement_backoff(failed) == delay

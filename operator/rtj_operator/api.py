@@ -162,8 +162,14 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                     "preemption, maintenance) before Failed."),
                 "maxRestartsWithoutProgress": _int(2, 1, 1000, "Consecutive restarts without the "
                                                                "checkpoint step advancing before Failed."),
-                "terminatingTimeoutSeconds": _int(300, 10, 86400, "Force-delete a pod stuck "
-                                                                  "Terminating on a lost node after this."),
+                "nodeLossGraceSeconds": _int(30, 0, 3600, "How long a node must stay NotReady or "
+                                                          "unreachable (since its Ready condition changed) before "
+                                                          "its pod is evicted and replaced: a short blip must not "
+                                                          "kill a healthy rank."),
+                "terminatingTimeoutSeconds": _int(60, 1, 86400, "How long a pod may stay Terminating on a "
+                                                                "lost node (its kubelet cannot confirm) before the "
+                                                                "operator marks it Failed and deletes it, as PodGC "
+                                                                "does, so the Job controller frees its index."),
             },
             default={},
         ),

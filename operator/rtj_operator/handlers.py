@@ -3,25 +3,35 @@ in a loop, woken early by events on the RTJ, its Job and pods, and lost nodes.
 
 One daemon per RTJ means passes for one job never overlap, so restart budgets in status are
 read and written by one writer at a time.
+
+Load: watches of pods and Jobs are filtered by the API server (our managed-by label), nodes are
+served from the node watch instead of a GET per pass, passes run on a sized thread pool, and a job
+that waits (Pending, Restarting) backs off between passes unless an event wakes it.
+
+Deletion: children carry owner references, so the garbage collector removes them (and a retained
+PVC, which has none, stays). No delete handler: the operator deletes nothing it did not make.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from . import api, metrics, recovery
-from .builders.names import pvc_name
-from .controller import run_pass
-from .kube import Kube
-from .reconcile import StorageCheck
-from .spec import RTJ
+from . import api, recovery
+from .controller import newer, run_pass
+from .kube import Kube, KubeError
+from .reconcile import ACT_REQUEUE, StorageCheck
 
 ERROR_BACKOFF_MAX = 60.0
+# Consecutive passes that changed nothing stretch a busy job's requeue up to this.
+WAITING_BACKOFF_MAX = 30.0
+PASS_THREADS = int(os.environ.get("RTJ_PASS_THREADS", "32"))
 
 
 @dataclass
@@ -30,19 +40,26 @@ class Context:
 
     kube: Kube
     storage_check: StorageCheck | None = None
-    max_requeue: float = 30.0
+    max_requeue: float = 60.0
+    allowed_service_accounts: frozenset[str] | None = None
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="rtj-pass"))
 
     def wake(self, namespace: str | None, name: str | None) -> None:
         event = self.wakeups.get((namespace or "", name or ""))
         if event is not None:
             event.set()
 
+    def node(self, name: str) -> dict[str, Any] | None:
+        """From the node watch; a GET only for a node it has not delivered (yet, or any more)."""
+        return self.nodes.get(name) or self.kube.get("Node", name)
+
 
 def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.OperatorRegistry:
     """Register all handlers on `registry`; `login` overrides how kopf reaches the API."""
     rtj = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
-    ours = {api.LABEL_NAME: kopf.PRESENT}
 
     if login is not None:
         kopf.on.login(registry=registry)(login)
@@ -58,32 +75,55 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
         settings.scanning.disabled = True
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Server-side filtering: only our pods and Jobs reach the operator.
+        ours = f"{api.LABEL_MANAGED_BY}={api.MANAGER}"
+        settings.watching.label_selectors["v1", "pods"] = ours
+        settings.watching.label_selectors["batch", "v1", "jobs"] = ours
 
     # A pass in flight finishes (up to the backoff) before the daemon exits, rather than being cancelled.
     @kopf.daemon(**rtj, cancellation_backoff=10.0, cancellation_timeout=5.0)
-    async def reconcile_loop(stopped: kopf.DaemonStopped, namespace: str, name: str, memo: Context,
-                             logger: logging.Logger, **_: Any) -> None:
+    async def reconcile_loop(stopped: kopf.DaemonStopped, namespace: str, name: str, body: kopf.Body,
+                             memo: Context, logger: logging.Logger, **_: Any) -> None:
         wake = memo.wakeups.setdefault((namespace, name), asyncio.Event())
-        errors = 0
+        loop = asyncio.get_running_loop()
+        errors, quiet, fresh = 0, 0, False
+        written: dict[str, Any] | None = None
         try:
             while not stopped:
+                woken = wake.is_set()
                 wake.clear()
+                # kopf's watch keeps the daemon's body current; our own last write may be newer still.
+                # After a conflict (a stale read), the pass GETs the RTJ.
+                current = None if fresh else newer(_plain(body), written)
+                fresh = False
                 try:
-                    delay = await asyncio.to_thread(run_pass, memo.kube, namespace, name, memo.storage_check)
+                    delay, mine = await loop.run_in_executor(memo.pool, lambda b=current: run_pass(
+                        memo.kube, namespace, name, memo.storage_check, memo.node,
+                        memo.allowed_service_accounts, body=b))
+                    written = mine or written
                     errors = 0
+                except KubeError as exc:
+                    if exc.status != 409:
+                        errors += 1
+                        logger.warning("reconcile failed, retrying: %s", exc)
+                    fresh = True  # stale read: the next pass GETs the RTJ
+                    delay = min(ERROR_BACKOFF_MAX, 0.2 * 2.0 ** errors)
                 except Exception as exc:
                     errors += 1
                     delay = min(ERROR_BACKOFF_MAX, 2.0 ** errors)
                     logger.warning("reconcile failed (%s), retrying in %.0fs: %s", type(exc).__name__, delay, exc)
                 if delay is None:
                     return
-                waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
-                try:
-                    await asyncio.wait(waiters, timeout=min(delay, memo.max_requeue),
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in waiters:
-                        waiter.cancel()
+                # A job that waits (pods starting, a gang being replaced) backs off while nothing wakes it.
+                quiet = 0 if woken or delay <= ACT_REQUEUE else quiet + 1
+                delay = min(delay * (1.5 ** min(quiet, 8)), max(delay, WAITING_BACKOFF_MAX), memo.max_requeue)
+                if delay > 0:
+                    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+                    try:
+                        await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for waiter in waiters:
+                            waiter.cancel()
         finally:
             memo.wakeups.pop((namespace, name), None)
 
@@ -91,28 +131,33 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
     def rtj_changed(namespace: str, name: str, memo: Context, **_: Any) -> None:
         memo.wake(namespace, name)
 
-    @kopf.on.event("batch/v1", "jobs", labels=ours, registry=registry)
-    @kopf.on.event("v1", "pods", labels=ours, registry=registry)
+    @kopf.on.event("batch/v1", "jobs", registry=registry)
+    @kopf.on.event("v1", "pods", registry=registry)
     def child_changed(namespace: str, labels: dict[str, str], memo: Context, **_: Any) -> None:
         memo.wake(namespace, labels.get(api.LABEL_NAME))
 
     @kopf.on.event("v1", "nodes", registry=registry)
-    def node_changed(type: str, body: kopf.Body, memo: Context, **_: Any) -> None:
-        if type == "DELETED" or recovery.node_lost(dict(body)):
+    def node_changed(type: str | None, body: kopf.Body, name: str, memo: Context, **_: Any) -> None:
+        was_lost = recovery.node_lost(memo.nodes.get(name)) if name in memo.nodes else ""
+        if type == "DELETED":
+            memo.nodes.pop(name, None)
+            now_lost = "NodeDeleted"
+        else:
+            memo.nodes[name] = _plain(body)
+            now_lost = recovery.node_lost(memo.nodes[name])
+        if now_lost != was_lost:
             for event in memo.wakeups.values():
                 event.set()
 
-    @kopf.on.delete(**rtj)
-    def cleanup(body: kopf.Body, namespace: str, name: str, memo: Context, logger: logging.Logger,
-                **_: Any) -> None:
-        """Owner references let the garbage collector do this too; deleting explicitly also
-        stops the pods first and makes retention: Retain hold without relying on the GC."""
-        job = RTJ.from_body(dict(body))
-        memo.kube.delete("Job", name, namespace, propagation="Foreground")
-        memo.kube.delete("Service", name, namespace)
-        if job.spec["storage"].get("storageClassName") and job.spec["storage"]["retention"] == "Delete":
-            memo.kube.delete("PersistentVolumeClaim", pvc_name(job), namespace)
-        metrics.forget(namespace, name)
-        logger.info("children of %s/%s deleted", namespace, name)
+    @kopf.on.cleanup(registry=registry)
+    def shutdown(memo: Context, **_: Any) -> None:
+        memo.pool.shutdown(wait=False, cancel_futures=True)
 
     return registry
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """A detached copy of kopf's live body, safe to read from a worker thread."""
+    import copy
+
+    return copy.deepcopy(dict(body))

@@ -35,12 +35,18 @@ class KubeError(Exception):
         self.status = status
 
 
-def configure(server: str | None = None, user_agent: str = USER_AGENT) -> kubernetes.client.ApiClient:
-    """In-cluster config, else kubeconfig; `server` points at an explicit (e.g. emulated) API."""
+def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token: str | None = None,
+              ca_file: str | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster config, else kubeconfig ($KUBECONFIG); or an explicit server with a bearer token."""
     if server:
         config = kubernetes.client.Configuration()
         config.host = server
-        config.verify_ssl = False
+        if ca_file:
+            config.ssl_ca_cert = ca_file
+        else:
+            config.verify_ssl = False
+        if token:
+            config.api_key, config.api_key_prefix = {"BearerToken": token}, {"BearerToken": "Bearer"}
         client = kubernetes.client.ApiClient(config)
     else:
         try:
@@ -48,7 +54,7 @@ def configure(server: str | None = None, user_agent: str = USER_AGENT) -> kubern
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
         client = kubernetes.client.ApiClient()
-    client.user_agent = user_agent  # audit logs (and tests/test_chart.py) tell the operator apart
+    client.user_agent = user_agent  # audit logs tell the operator apart
     return client
 
 
@@ -113,15 +119,31 @@ class Kube:
         # Filtering again keeps callers correct against servers that ignore selectors.
         return [i for i in items if not labels or _matches(i, labels)]
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """POST; `dry_run` asks the server to admit and validate without storing (?dryRun=All)."""
         kind, namespace = obj["kind"], obj["metadata"].get("namespace")
-        return self._call("create", kind, "POST", self._path(kind, namespace), body=obj)
+        query = [("dryRun", "All")] if dry_run else []
+        return self._call("create", kind, "POST", self._path(kind, namespace), body=obj, query=query)
 
     def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any],
-              subresource: str | None = None) -> dict[str, Any]:
+              subresource: str | None = None, strategic: bool = False) -> dict[str, Any]:
+        """A JSON merge patch, or a strategic merge patch (lists such as conditions merge by key)."""
         verb = "patch" if not subresource else f"patch/{subresource}"
+        content_type = "application/strategic-merge-patch+json" if strategic else "application/merge-patch+json"
         return self._call(verb, kind, "PATCH", self._path(kind, namespace, name, subresource), body=patch,
-                          content_type="application/merge-patch+json")
+                          content_type=content_type)
+
+    def evict(self, name: str, namespace: str) -> bool:
+        """The Eviction API: the server marks the pod DisruptionTarget and deletes it gracefully.
+        False when the pod is gone or a PodDisruptionBudget says not now (429)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._call("create/eviction", "Pod", "POST", self._path("Pod", namespace, name, "eviction"), body=body)
+            return True
+        except KubeError as exc:
+            if exc.status in (404, 429):
+                return False
+            raise
 
     def delete(self, kind: str, name: str, namespace: str | None, *, grace_seconds: int | None = None,
                propagation: str = "Background") -> bool:

@@ -3,6 +3,12 @@
 `reconcile()` is idempotent: running it twice on the same world changes nothing the second time.
 Everything it must remember between passes (budgets, charged pods, the gang attempt) lives in the
 RTJ's status, so an operator restart or a deleted child cannot reset it.
+
+Crash consistency: a decision is written to status before the side effect that carries it out, and
+each side effect is derived from status plus the world. A pass that charges a failure or moves to a
+new gang attempt writes status and acts in the next pass; a pass that acts (evict, fail a pod,
+delete the old Job, create the new one) only carries out what status already says. So an operator
+that dies at any point counts each failure once and performs each action once.
 """
 
 from __future__ import annotations
@@ -24,14 +30,20 @@ from .kube import Kube, KubeError
 from .spec import RTJ, semantic_errors
 
 # Seconds until the next pass while something is in flight; a quiet job is checked less often.
+# Watch events (the RTJ, its pods, its Job, nodes) wake a job earlier.
+ACT_REQUEUE = 0.05  # a decision was just written: carry it out
 BUSY_REQUEUE = 2.0
-IDLE_REQUEUE = 30.0
+IDLE_REQUEUE = 60.0
 TERMINAL = ("Succeeded", "Failed")
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
+# Client errors of a create or dry run that mean the spec produces an object the server rejects.
+REJECTED = (400, 403, 422)
 
 # An optional pre-flight check of the storage (see fsx.py): returns (ok, reason, message).
 StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
+# Node lookup: the operator serves nodes from its watch; tests and tools may GET them.
+NodeSource = Callable[[str], dict[str, Any] | None]
 
 
 @dataclass
@@ -39,6 +51,9 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    # Reports a side effect already done (a create, an eviction): posted even if the status write
+    # fails. Other events announce decisions, which only count once status holds them.
+    done: bool = False
 
 
 @dataclass
@@ -46,38 +61,81 @@ class Outcome:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     requeue: float = IDLE_REQUEUE
+    # Metric updates, applied by the caller once the status write succeeded (never twice per count).
+    metrics: list[Callable[[], None]] = field(default_factory=list)
+
+
+class ChildConflict(Exception):
+    """An object with a child's name exists and this RTJ does not own it."""
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
 
 
 class _Pass:
     """State of one pass; methods are the steps of `reconcile()`."""
 
-    def __init__(self, kube: Kube, body: dict[str, Any], now: datetime.datetime):
+    def __init__(self, kube: Kube, body: dict[str, Any], now: datetime.datetime, nodes: NodeSource | None,
+                 allowed_service_accounts: frozenset[str] | None):
         self.kube, self.body, self.now = kube, body, now
         self.rtj = RTJ.from_body(body)
         self.old = body.get("status") or {}
         self.status: dict[str, Any] = copy.deepcopy(self.old)
         self.status.pop("kopf", None)  # kopf's own bookkeeping is not ours to write
         self.events: list[Event] = []
+        self.metrics: list[Callable[[], None]] = []
+        self.requeue: float | None = None
         self.busy = False
+        self.acted = False  # a decision was recorded that the next pass carries out
+        self.get_node = nodes or (lambda name: self.kube.get("Node", name))
+        self.allowed_service_accounts = allowed_service_accounts
+        budget = self.rtj.spec["restartBudget"]
+        self.timing = recovery.Timing(
+            node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 30)),
+            terminating_timeout=datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
 
     # --- helpers -----------------------------------------------------------------------------
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.events.append(Event(type_, reason, message))
+    def event(self, type_: str, reason: str, message: str, done: bool = False) -> None:
+        self.events.append(Event(type_, reason, message, done))
 
     def cond(self, type_: str, status: bool, reason: str, message: str = "") -> None:
         self.status["conditions"] = conditions.set_condition(
             self.status.get("conditions") or [], type_, status, reason, message, self.rtj.generation, self.now)
 
-    def create(self, obj: dict[str, Any], adopt: bool = True) -> None:
+    def recovery_state(self) -> dict[str, Any]:
+        return self.status.setdefault("recovery", {})
+
+    def wait(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def create(self, obj: dict[str, Any], adopt: bool = True) -> bool:
+        """Create a child; False when the server rejects what the spec produced (InvalidSpec set)."""
         if adopt:
             # The owner is explicit: reconcile also runs outside kopf handlers (demo, bench).
             kopf.adopt(obj, owner=self.rtj.owner)
         try:
             self.kube.create(obj)
         except KubeError as exc:
-            if exc.status != 409:  # someone (a previous pass) was faster: fine
-                raise
-        self.event("Normal", "Created", f"Created {obj['kind']} {obj['metadata']['name']}")
+            if exc.status == 409:  # a previous pass (or a crash right after it) was faster: fine
+                return True
+            if exc.status in REJECTED:
+                self.rejected(obj, str(exc))
+                return False
+            raise
+        self.event("Normal", "Created", f"Created {obj['kind']} {obj['metadata']['name']}", done=True)
+        return True
+
+    def rejected(self, obj: dict[str, Any], message: str) -> None:
+        text = f"the API server rejects the {obj['kind']} this spec produces: {message}"
+        if not self._cond_is(INVALID_SPEC, "ChildRejected", text):
+            self.event("Warning", "InvalidSpec", text)
+        self.cond(INVALID_SPEC, True, "ChildRejected", text)
+
+    def _cond_is(self, type_: str, reason: str, message: str | None = None) -> bool:
+        old = conditions.get_condition(self.old.get("conditions") or [], type_)
+        return bool(old and old.get("status") == "True" and old.get("reason") == reason
+                    and (message is None or old.get("message") == message))
 
     # --- steps -------------------------------------------------------------------------------
     def run(self, storage_check: StorageCheck | None) -> Outcome:
@@ -91,169 +149,258 @@ class _Pass:
         if self.old.get("phase") in TERMINAL:
             return self.finish_terminal()
 
-        errors = semantic_errors(rtj)
-        job = self.kube.get("Job", job_name(rtj), rtj.namespace)
+        errors = semantic_errors(rtj, self.allowed_service_accounts)
+        try:
+            service, job, pvc = self.read_children()
+        except ChildConflict as exc:
+            return self.conflict(str(exc))
         if errors:
             # Nothing is created or changed; whatever already runs keeps running.
             message = "; ".join(errors)
-            if self.old.get("observedGeneration") != rtj.generation or not conditions.is_true(
-                    self.status.get("conditions") or [], INVALID_SPEC):
+            if self.old.get("observedGeneration") != rtj.generation or not self._cond_is(INVALID_SPEC, "InvalidSpec"):
                 self.event("Warning", "InvalidSpec", message)
             self.cond(INVALID_SPEC, True, "InvalidSpec", message)
-            if job is None:
-                self.status["phase"] = "Invalid"
-                self.cond(CREATED, False, "InvalidSpec", "nothing was created: fix the spec")
-                return self.outcome()
-            self.observe(job, converge=False)
-            return self.outcome()
+            return self.without_changes(job)
         self.cond(INVALID_SPEC, False, "Valid", "")
 
         if storage_check is not None and job is None:
             ok, reason, message = storage_check(rtj)
             self.cond(conditions.STORAGE_READY, ok, reason, message)
             if not ok:
-                if self.old.get("phase") != "Pending" or not self._cond_reason(conditions.STORAGE_READY, reason):
+                if self.old.get("phase") != "Pending" or not self._cond_is(conditions.STORAGE_READY, reason):
                     self.event("Warning", reason, message)
                 self.status["phase"] = "Pending"
                 self.cond(CREATED, False, reason, "waiting for storage: " + message)
                 return self.outcome(requeue=IDLE_REQUEUE)
 
-        self.ensure_service()
-        self.ensure_pvc()
+        if not self.ensure_service(service) or not self.ensure_pvc(pvc):
+            return self.without_changes(job)
         job = self.ensure_job(job)
+        if conditions.is_true(self.status.get("conditions") or [], INVALID_SPEC):
+            return self.without_changes(job)
         self.observe(job, converge=True)
         return self.outcome()
 
-    def _cond_reason(self, type_: str, reason: str) -> bool:
-        old = conditions.get_condition(self.old.get("conditions") or [], type_)
-        return bool(old and old.get("reason") == reason)
+    def without_changes(self, job: dict[str, Any] | None) -> Outcome:
+        """The spec cannot be applied: report what runs (if anything) and change nothing."""
+        if job is None:
+            self.status["phase"] = "Invalid"
+            self.cond(CREATED, False, "InvalidSpec", "nothing was created: fix the spec")
+            return self.outcome()
+        self.observe(job, converge=False)
+        return self.outcome()
 
-    def ensure_service(self) -> None:
+    def read_children(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
+        """The Service, Job and PVC, if they exist; ChildConflict if one exists that is not ours."""
+        rtj, uid = self.rtj, self.rtj.uid
+        service = self.kube.get("Service", service_name(rtj), rtj.namespace)
+        job = self.kube.get("Job", job_name(rtj), rtj.namespace)
+        pvc = None
+        for kind, obj in (("Service", service), ("Job", job)):
+            if obj is not None and not owned_by(obj, uid):
+                raise ChildConflict(f"{kind} {rtj.namespace}/{obj['metadata']['name']} already exists and is not "
+                                    f"owned by this ResilientTrainingJob: rename the job or remove that {kind}")
+        if build_pvc(rtj) is not None:
+            pvc = self.kube.get("PersistentVolumeClaim", pvc_name(rtj), rtj.namespace)
+            if pvc is not None and not (owned_by(pvc, uid) or self.retained_by_us(pvc)):
+                raise ChildConflict(f"PersistentVolumeClaim {rtj.namespace}/{pvc_name(rtj)} already exists and was "
+                                    "not made for this job: rename the job, remove the claim, or name it in "
+                                    "spec.storage.existingClaim to use it on purpose")
+        return service, job, pvc
+
+    def retained_by_us(self, pvc: dict[str, Any]) -> bool:
+        """A claim kept (retention: Retain) from an earlier RTJ of this name: reused on purpose, so a
+        re-created job resumes from its checkpoints. It has no owner, and our labels."""
+        labels = pvc["metadata"].get("labels") or {}
+        return (not pvc["metadata"].get("ownerReferences") and labels.get(api.LABEL_MANAGED_BY) == api.MANAGER
+                and labels.get(api.LABEL_NAME) == self.rtj.name)
+
+    def conflict(self, message: str) -> Outcome:
+        if not self._cond_is(CREATED, "ChildConflict") and not (
+                (conditions.get_condition(self.old.get("conditions") or [], CREATED) or {}).get("reason")
+                == "ChildConflict"):
+            self.event("Warning", "ChildConflict", message)
+        self.cond(CREATED, False, "ChildConflict", message)
+        self.status["phase"] = "Pending"
+        self.cond(RUNNING, False, "ChildConflict", "nothing is created or changed until the conflict is resolved")
+        return self.outcome(requeue=IDLE_REQUEUE)
+
+    def ensure_service(self, have: dict[str, Any] | None) -> bool:
         desired = build_service(self.rtj)
-        have = self.kube.get("Service", service_name(self.rtj), self.rtj.namespace)
         if have is None:
-            self.create(desired)
-            return
+            return self.create(desired)
         drift = {k: v for k, v in desired["spec"].items() if k in SERVICE_FIELDS and have["spec"].get(k) != v}
         if drift:
-            self.kube.patch("Service", service_name(self.rtj), self.rtj.namespace, {"spec": drift})
-            self.event("Normal", "Updated", f"Updated Service {service_name(self.rtj)}: {', '.join(sorted(drift))}")
+            try:
+                self.kube.patch("Service", service_name(self.rtj), self.rtj.namespace, {"spec": drift})
+            except KubeError as exc:
+                if exc.status in REJECTED:
+                    self.rejected(desired, str(exc))
+                    return False
+                raise
+            self.event("Normal", "Updated", f"Updated Service {service_name(self.rtj)}: "
+                                            f"{', '.join(sorted(drift))}", done=True)
+        return True
 
-    def ensure_pvc(self) -> None:
+    def ensure_pvc(self, have: dict[str, Any] | None) -> bool:
         desired = build_pvc(self.rtj)
-        if desired is None:
-            return
-        if self.kube.get("PersistentVolumeClaim", pvc_name(self.rtj), self.rtj.namespace) is None:
-            # Retain: no owner reference, so deleting the job keeps the checkpoints.
-            self.create(desired, adopt=self.rtj.spec["storage"]["retention"] == "Delete")
+        if desired is None or have is not None:
+            return True
+        # Retain: no owner reference, so deleting the job keeps the checkpoints.
+        return self.create(desired, adopt=self.rtj.spec["storage"]["retention"] == "Delete")
 
     def ensure_job(self, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Converge the Job to status.attempt: the gang that should run now."""
         rtj, attempt = self.rtj, int(self.status["attempt"])
-        pending = (self.status.get("recovery") or {}).get("pendingGangRestart")
+        recov = self.recovery_state()
         if job is not None and job["metadata"].get("deletionTimestamp"):
-            self.busy = True  # the old gang is still going away
+            self.busy = True  # the old gang is still going away (Foreground: its pods first)
+            return job
+        if job is not None and job_attempt(job) < attempt:
+            # status already says which gang runs next (written before this delete, see the module doc).
+            self.kube.delete("Job", job_name(rtj), rtj.namespace, propagation="Foreground")
+            why = recov.get("pendingGangRestart") or "restart"
+            self.event("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) for "
+                                                  f"attempt {attempt}: {why}", done=True)
+            self.busy = True
             return None
+        desired = build_job(rtj, attempt)
         if job is None:
-            if pending:
-                attempt += 1
-                self.status["attempt"] = attempt
-                self.status["recovery"] = {**(self.status.get("recovery") or {}), "pendingGangRestart": None}
-            desired = build_job(rtj, attempt)
-            self.create(desired)
+            if not self.create(desired):
+                return None
+            recov.pop("pendingGangRestart", None)
             self.busy = True
             self.status.setdefault("startTime", timestamp(self.now))
             return desired
-        current_attempt = int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, attempt))
-        desired = build_job(rtj, current_attempt)
-        have_hash = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_SPEC_HASH)
-        if pending or have_hash != template_hash(desired):
-            why = pending or "the pod template changed"
-            if not pending:
-                # A spec change is the user's decision: a new gang, no budget charged.
-                self.status["recovery"] = {**(self.status.get("recovery") or {}),
-                                           "pendingGangRestart": "SpecChanged"}
-            self.kube.delete("Job", job_name(rtj), rtj.namespace, propagation="Foreground")
-            self.event("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {current_attempt}): "
-                                                  f"{why}")
-            self.busy = True
-            return None
+        if (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_SPEC_HASH) != template_hash(desired):
+            # The pod template changed: the user's decision, a new gang with no budget charged. Check first
+            # that the server takes the new Job; a rejected edit must not take down the running one.
+            if not self.server_accepts(desired):
+                return job
+            self.next_attempt("SpecChanged", f"the pod template changed (generation {rtj.generation})")
+            return job
+        recov.pop("pendingGangRestart", None)
+        patch: dict[str, Any] = {}
         if bool(job["spec"].get("suspend")) != bool(rtj.spec["suspend"]):
-            self.kube.patch("Job", job_name(rtj), rtj.namespace, {"spec": {"suspend": rtj.spec["suspend"]}})
-            job["spec"]["suspend"] = rtj.spec["suspend"]
+            patch["suspend"] = bool(rtj.spec["suspend"])
             self.event("Normal", "Suspended" if rtj.spec["suspend"] else "Resumed",
-                       f"Job {job_name(rtj)} {'suspended' if rtj.spec['suspend'] else 'resumed'}")
+                       f"Job {job_name(rtj)} {'suspended' if rtj.spec['suspend'] else 'resumed'}", done=True)
+        if job["spec"].get("backoffLimit") != desired["spec"]["backoffLimit"]:
+            patch["backoffLimit"] = desired["spec"]["backoffLimit"]  # a budget edit keeps the gang
+        if patch:
+            self.kube.patch("Job", job_name(rtj), rtj.namespace, {"spec": patch})
+            job["spec"].update(patch)
         return job
+
+    def server_accepts(self, obj: dict[str, Any]) -> bool:
+        """Server-side dry-run create: validation runs before the name clash, so 409 means valid."""
+        candidate = copy.deepcopy(obj)
+        kopf.adopt(candidate, owner=self.rtj.owner)
+        try:
+            self.kube.create(candidate, dry_run=True)
+        except KubeError as exc:
+            if exc.status == 409:
+                return True
+            if exc.status in REJECTED:
+                self.rejected(obj, str(exc))
+                return False
+            raise
+        return True
+
+    def next_attempt(self, reason: str, message: str) -> None:
+        """Record that the gang restarts as the next attempt; the next pass replaces the Job."""
+        recov = self.recovery_state()
+        attempt = int(self.status["attempt"]) + 1
+        self.status["attempt"] = attempt
+        recov["pendingGangRestart"] = reason
+        recov["gangRestartTime"] = timestamp(self.now)
+        self.event("Warning" if reason != "SpecChanged" else "Normal", "RecreatingGang",
+                   f"Recreating all {self.rtj.nodes} pods as attempt {attempt}: {message}")
+        self.acted = True
 
     def observe(self, job: dict[str, Any] | None, converge: bool) -> None:
         """Read pods and nodes, run the recovery ladder, and derive phase and conditions."""
         rtj, status = self.rtj, self.status
-        attempt = str(status["attempt"])
-        pods = [p for p in self.kube.list("Pod", rtj.namespace, selector_labels(rtj))
-                if (p["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, attempt) == attempt]
-        nodes = self.nodes_of(pods)
+        pods = self.job_pods(job)
+        nodes = {name: self.get_node(name) for name in
+                 sorted({p.get("spec", {}).get("nodeName") for p in pods} - {None, ""})}
 
         step = recovery.checkpoint_step(pods)
         if step is not None and step > int(status.get("lastCheckpointStep", -1)):
             status["lastCheckpointStep"] = step
             status["lastCheckpointTime"] = timestamp(self.now)
-        metrics.record_checkpoint(rtj.namespace, rtj.name, parse_time(status.get("lastCheckpointTime")),
-                                  self.now)
+        last_ckpt = parse_time(status.get("lastCheckpointTime"))
+        self.metrics.append(lambda: metrics.record_checkpoint(rtj.namespace, rtj.name, last_ckpt, self.now))
 
-        seen = set((status.get("recovery") or {}).get("seenPods") or [])
-        budget = rtj.spec["restartBudget"]
-        plan = recovery.plan(pods, nodes, seen, self.now,
-                             datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
-        if converge:
-            self.act(plan)
+        recov = self.recovery_state()
+        seen = set(recov.get("seenPods") or [])
+        plan = recovery.plan(pods, nodes, seen, self.now, self.timing)
+        if plan.recheck is not None:
+            self.wait(max(0.5, plan.recheck))
+        if converge and job is not None and job_attempt(job) == int(status["attempt"]):
+            # Act only on what an earlier pass already charged: the charge is in status first.
+            self.act([a for a in plan.actions if a.uid in seen], pods)
             self.charge(plan, seen)
+            self.judge_job(job, pods)
         # Only pods still listed can turn up again, so the charged set is bounded by the pods themselves.
         listed = {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}
-        status["recovery"] = {**(status.get("recovery") or {}), "seenPods": sorted(seen & listed)}
+        recov["seenPods"] = sorted(seen & listed)
 
-        job_status = (job or {}).get("status") or {}
-        job_conds = job_status.get("conditions") or []
-        if converge and status.get("phase") not in TERMINAL:
-            self.judge_job(job_conds)
-        # Pods found in trouble this pass are on their way out, whatever their phase says.
-        troubled = {f.pod for f in plan.findings} | set(plan.deletes) | set(plan.force_deletes)
+        troubled = {f.pod for f in plan.findings} | {a.pod for a in plan.actions}
         self.derive_phase(job, [p for p in pods if p["metadata"]["name"] not in troubled])
 
-    def nodes_of(self, pods: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
-        names = {p.get("spec", {}).get("nodeName") for p in pods} - {None, ""}
-        return {name: self.kube.get("Node", name) for name in sorted(names)}
+    def job_pods(self, job: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Pods of the current Job: the labels select, the owner reference decides. A pod that only
+        carries our labels (made by anyone who may create pods here) is not ours to count."""
+        if job is None or "uid" not in job.get("metadata", {}):
+            return []
+        uid = job["metadata"]["uid"]
+        return [p for p in self.kube.list("Pod", self.rtj.namespace, selector_labels(self.rtj)) if owned_by(p, uid)]
 
-    def act(self, plan: recovery.Plan) -> None:
+    def act(self, actions: list[recovery.Finding], pods: list[dict[str, Any]]) -> None:
         ns = self.rtj.namespace
-        for pod in plan.deletes:
-            if self.kube.delete("Pod", pod, ns):
-                self.event("Warning", "ReplacingPod", f"Deleting pod {pod}: its node is lost; the Job "
-                                                      f"controller replaces it on a healthy node")
-        for pod in plan.force_deletes:
-            if self.kube.delete("Pod", pod, ns, grace_seconds=0):
-                self.event("Warning", "ForceDeletedPod", f"Force-deleted pod {pod} stuck Terminating on a "
-                                                         f"lost node")
-        if plan.deletes or plan.force_deletes:
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        for action in actions:
+            pod = by_name[action.pod]
+            if action.action == recovery.EVICT:
+                if self.kube.evict(action.pod, ns):
+                    self.event("Warning", "EvictingPod", f"Evicting pod {action.pod}: {action.message}; the Job "
+                                                         "controller replaces it on a healthy node", done=True)
+            elif action.action == recovery.FORCE:
+                if pod.get("status", {}).get("phase") != "Failed":
+                    # As PodGC does: the pod is Failed (and a disruption) before it is deleted, so the Job
+                    # controller frees its index without charging backoffLimit.
+                    self.kube.patch("Pod", action.pod, ns, {"status": {"phase": "Failed", "conditions": [{
+                        "type": "DisruptionTarget", "status": "True", "reason": recovery.FORCE_REASON,
+                        "message": f"rtj-operator: {action.message}",
+                        "lastTransitionTime": timestamp(self.now)}]}}, subresource="status", strategic=True)
+                    self.event("Warning", "ForceDeletedPod", f"Failed and deleted pod {action.pod}: {action.message}",
+                               done=True)
+                self.kube.delete("Pod", action.pod, ns, grace_seconds=0)
             self.busy = True
 
     def charge(self, plan: recovery.Plan, seen: set[str]) -> None:
         """Count each new finding once against the right budget and decide the next tier."""
-        gang_charged = False
+        gang = False
         for f in plan.findings:
             seen.add(f.uid)
+            self.acted = self.acted or bool(f.action)
             if f.kind == recovery.PERMANENT:
                 continue
             if f.kind == recovery.RENDEZVOUS:
-                if gang_charged:
-                    continue  # every pod of the gang reports the same failed rendezvous
-                gang_charged = True
+                if gang:
+                    continue  # every pod of the gang reports the same failed rendezvous: one charge
+                gang = True
             tier = recovery.GANG_RESTART if f.kind == recovery.RENDEZVOUS else recovery.REPLACE_POD
             self.record_restart(tier, f.reason, f.message, platform=f.kind == recovery.PLATFORM)
         if plan.fail_reason:
             self.fail(plan.fail_reason, plan.fail_message)
             return
+        if self.enforce_budgets():
+            return
         if plan.gang_restart:
-            self.request_gang_restart("RendezvousFailed")
-        self.enforce_budgets()
+            # Pods of this attempt only: once the attempt moves on, the old gang's exits are not listed.
+            self.next_attempt("RendezvousFailed", "a pod could not complete the rendezvous")
 
     def record_restart(self, tier: str, reason: str, message: str, platform: bool) -> None:
         """Bookkeeping of one restart: counters, progress, condition, metric and event."""
@@ -263,7 +410,7 @@ class _Pass:
         status["restarts"] = sum(tiers.values())
         status["lastFailureReason"], status["lastFailureMessage"] = reason, message
         status.setdefault("restartStartedTime", timestamp(self.now))
-        metrics.RESTARTS.labels(tier, reason).inc()
+        self.metrics.append(lambda: metrics.RESTARTS.labels(tier, reason).inc())
         if platform:
             status["disruptions"] += 1
         else:
@@ -274,7 +421,7 @@ class _Pass:
                                     f"job failures {status['jobRestarts']}/{budget['maxRestarts']}, "
                                     f"disruptions {status['disruptions']}/{budget['maxDisruptions']})")
 
-    def enforce_budgets(self) -> None:
+    def enforce_budgets(self) -> bool:
         status, budget = self.status, self.rtj.spec["restartBudget"]
         if status["jobRestarts"] > budget["maxRestarts"]:
             self.fail("RestartBudgetExhausted", f"{status['jobRestarts']} job failures exceed "
@@ -285,6 +432,7 @@ class _Pass:
         elif status["restartsWithoutProgress"] > budget["maxRestartsWithoutProgress"]:
             self.fail("NoProgress", f"{status['restartsWithoutProgress']} restarts in a row without the "
                       f"checkpoint step advancing past {status.get('stepAtLastRestart', 0)}")
+        return status.get("phase") == "Failed"
 
     def track_progress(self) -> None:
         status = self.status
@@ -296,30 +444,45 @@ class _Pass:
             status["restartsWithoutProgress"] += 1
         status["stepAtLastRestart"] = step
 
-    def request_gang_restart(self, reason: str) -> None:
-        recov = self.status.setdefault("recovery", {})
-        if not recov.get("pendingGangRestart"):
-            recov["pendingGangRestart"] = reason
-            self.event("Warning", "RecreatingGang", f"Recreating all {self.rtj.nodes} pods as attempt "
-                                                 f"{int(self.status['attempt']) + 1}: {reason}")
-            self.busy = True
+    def judge_job(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """The Job's own verdict (FailureTarget comes first, Failed once every pod is gone), and the
+        Job controller's replacement back-off, which a new attempt resets."""
+        if self.status.get("phase") == "Failed" or self.recovery_state().get("pendingGangRestart"):
+            return
+        job_conds = (job.get("status") or {}).get("conditions") or []
+        failed = next((c for c in job_conds if c.get("type") in ("FailureTarget", "Failed")
+                       and c.get("status") == "True"), None)
+        if failed:
+            if failed.get("reason") == "PodFailurePolicy":
+                self.fail("PermanentFailure", failed.get("message") or "a pod failed with a permanent exit code")
+                return
+            # The Job gave up on its own (e.g. its deadline); a new gang may still succeed.
+            reason = failed.get("reason") or "JobFailed"
+            self.record_restart(recovery.GANG_RESTART, reason, failed.get("message") or "the Job failed",
+                                platform=False)
+            if not self.enforce_budgets():
+                self.next_attempt(reason, failed.get("message") or "the Job failed")
+            return
+        self.replacement_backoff(job, pods)
 
-    def judge_job(self, job_conds: list[dict[str, Any]]) -> None:
-        failed = next((c for c in job_conds if c.get("type") == "Failed" and c.get("status") == "True"), None)
-        if not failed or self.status.get("phase") == "Failed":
+    def replacement_backoff(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        failed = sum(1 for p in pods if p.get("status", {}).get("phase") == "Failed")
+        active = sum(1 for p in pods if p.get("status", {}).get("phase") in ("Pending", "Running")
+                     and not p["metadata"].get("deletionTimestamp"))
+        recov = self.recovery_state()
+        if not failed or active >= int(job["spec"].get("parallelism", self.rtj.nodes)):
+            recov.pop("replacementBackoffSeconds", None)
             return
-        if failed.get("reason") == "PodFailurePolicy":
-            self.fail("PermanentFailure", failed.get("message") or "a pod failed with a permanent exit code")
-            return
-        if (self.status.get("recovery") or {}).get("pendingGangRestart"):
-            return
-        # The Job gave up on its own (e.g. its backoff limit); a new gang may still succeed.
-        reason = failed.get("reason") or "JobFailed"
-        self.record_restart(recovery.GANG_RESTART, reason, failed.get("message") or "the Job failed",
-                            platform=False)
-        self.enforce_budgets()
-        if self.status.get("phase") != "Failed":
-            self.request_gang_restart(reason)
+        delay = recovery.replacement_backoff(failed)
+        if recov.get("replacementBackoffSeconds") != delay:
+            recov["replacementBackoffSeconds"] = delay
+            self.event("Normal", "ReplacementBackoff", f"The Job controller delays the replacement pod by about "
+                                                       f"{delay:.0f}s ({failed} failed pods in this Job)")
+        limit = self.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] / 2
+        if delay > limit:
+            # The surviving ranks would give up on the rendezvous first: a new Job starts without back-off.
+            self.next_attempt("ReplacementBackoff", f"the Job controller would delay the replacement by "
+                                                    f"{delay:.0f}s, beyond half the rendezvous timeout")
 
     def fail(self, reason: str, message: str) -> None:
         if self.status.get("phase") == "Failed":
@@ -330,12 +493,12 @@ class _Pass:
         self.cond(FAILED, True, reason, message)
         self.cond(RESTARTING, False, reason, "no further restarts")
         self.event("Warning", "Failed", f"{reason}: {message}")
-        self.stop_job()
+        self.acted = True  # the next pass (terminal) suspends the Job
 
     def stop_job(self) -> None:
         """Suspending keeps the Job for inspection while its pods go away."""
         job = self.kube.get("Job", job_name(self.rtj), self.rtj.namespace)
-        if job is not None and not job["spec"].get("suspend"):
+        if job is not None and owned_by(job, self.rtj.uid) and not job["spec"].get("suspend"):
             self.kube.patch("Job", job_name(self.rtj), self.rtj.namespace, {"spec": {"suspend": True}})
 
     def derive_phase(self, job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> None:
@@ -359,10 +522,12 @@ class _Pass:
             self.cond(SUCCEEDED, False, "Failed", "")
             return
         self.cond(FAILED, False, "NotFailed", "")
-        if complete:
+        current = job is not None and job_attempt(job) == int(status["attempt"]) and not job["metadata"].get(
+            "deletionTimestamp")
+        if complete and current:
             status["phase"] = "Succeeded"
             status["completionTime"] = status.get("completionTime") or timestamp(self.now)
-            self.cond(SUCCEEDED, True, "JobComplete", f"all {rtj.nodes} nodes completed")
+            self.cond(SUCCEEDED, True, "JobComplete", f"all {desired} nodes completed")
             self.cond(RUNNING, False, "Completed", "")
             self.cond(RESTARTING, False, "Completed", "")
             status.pop("restartStartedTime", None)
@@ -372,14 +537,17 @@ class _Pass:
             return
         self.cond(SUCCEEDED, False, "NotCompleted", "")
 
+        gang_pending = bool(self.recovery_state().get("pendingGangRestart")) or not current
+        if gang_pending and status.get("startTime"):
+            status.setdefault("restartStartedTime", timestamp(self.now))
         restarting_since = parse_time(status.get("restartStartedTime"))
-        all_running = len(ready) >= desired
-        if restarting_since and all_running and not (status.get("recovery") or {}).get("pendingGangRestart"):
+        all_running = current and len(ready) >= desired
+        if restarting_since and all_running and not gang_pending:
             seconds = round((self.now - restarting_since).total_seconds(), 3)
             status["lastRecoverySeconds"] = seconds
             status.pop("restartStartedTime", None)
             restarting_since = None
-            metrics.RECOVERY_SECONDS.observe(seconds)
+            self.metrics.append(lambda: metrics.RECOVERY_SECONDS.observe(seconds))
             self.event("Normal", "Recovered", f"All {desired} nodes running again after {seconds}s")
         if rtj.spec["suspend"]:
             status["phase"] = "Suspended"
@@ -387,7 +555,8 @@ class _Pass:
         elif restarting_since:
             status["phase"] = "Restarting"
             self.busy = True
-            self.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready")
+            reason = self.recovery_state().get("pendingGangRestart") or "Restarting"
+            self.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready ({reason})")
         elif all_running:
             status["phase"] = "Running"
             self.cond(RUNNING, True, "AllNodesRunning", f"{len(ready)}/{desired} nodes ready")
@@ -397,6 +566,8 @@ class _Pass:
             self.cond(RUNNING, False, "WaitingForPods", f"{len(ready)}/{desired} nodes ready")
         if not restarting_since:
             self.cond(RESTARTING, False, "Stable", "")
+        elif gang_pending and not conditions.is_true(self.status.get("conditions") or [], RESTARTING):
+            self.cond(RESTARTING, True, recovery.GANG_RESTART, self.recovery_state().get("pendingGangRestart") or "")
         if status["phase"] != self.old.get("phase") and status["phase"] == "Running":
             self.event("Normal", "Running", f"All {desired} nodes running")
 
@@ -407,10 +578,20 @@ class _Pass:
 
     def outcome(self, requeue: float | None = None) -> Outcome:
         self.status["observedGeneration"] = self.rtj.generation
-        metrics.record_phase(self.rtj.namespace, self.rtj.name, self.status.get("phase", "Pending"))
+        phase = self.status.get("phase", "Pending")
+        self.metrics.append(lambda: metrics.record_phase(self.rtj.namespace, self.rtj.name, phase))
         if requeue is None:
-            requeue = BUSY_REQUEUE if self.busy else IDLE_REQUEUE
-        return Outcome(self.status, self.events, requeue)
+            requeue = ACT_REQUEUE if self.acted else BUSY_REQUEUE if self.busy else IDLE_REQUEUE
+        if self.requeue is not None:
+            requeue = min(requeue, self.requeue)
+        return Outcome(self.status, self.events, requeue, self.metrics)
+
+
+def job_attempt(job: dict[str, Any]) -> int:
+    try:
+        return int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -420,9 +601,10 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def reconcile(kube: Kube, body: dict[str, Any], now: datetime.datetime | None = None,
-              storage_check: StorageCheck | None = None) -> Outcome:
-    """Converge one RTJ's children and return its new status and the events to post."""
+              storage_check: StorageCheck | None = None, nodes: NodeSource | None = None,
+              allowed_service_accounts: frozenset[str] | None = None) -> Outcome:
+    """Converge one RTJ's children and return its new status, the events to post and the metrics
+    to record once that status is written."""
     now = now or datetime.datetime.now(datetime.UTC)
     with metrics.RECONCILE_SECONDS.time():
-        return _Pass(kube, body, now).run(storage_check)
-
+        return _Pass(kube, body, now, nodes, allowed_service_accounts).run(storage_check)

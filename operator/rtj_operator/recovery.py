@@ -5,10 +5,14 @@ Layers below the operator come first: in-process restart (inprocess.Wrapper) and
 The operator acts only when a pod or its node is gone:
 
 - ReplacePod: one index is lost (pod failed, evicted, or its node died). The Job controller makes
-  the new pod; the operator deletes pods on lost nodes and force-deletes those stuck Terminating
-  there, since a dead kubelet never confirms the deletion and the index would wait forever.
-- GangRestart: rendezvous cannot complete (a worker said so, or the Job itself failed) and
-  budget remains: the Job is recreated as the next attempt.
+  the new pod. For a node that stays NotReady/unreachable past restartBudget.nodeLossGraceSeconds
+  the operator evicts its pod (DisruptionTarget, so the Job's backoffLimit is not charged); a pod
+  then stuck Terminating there past terminatingTimeoutSeconds is failed and deleted the way PodGC
+  does it, since a dead kubelet never confirms the deletion and the Job controller (with a pod
+  failure policy) holds the index until the pod is Failed.
+- GangRestart: rendezvous cannot complete (a worker said so, or the Job itself failed or is about
+  to: FailureTarget), or the Job controller's replacement back-off would outlast the rendezvous,
+  and budget remains: the Job is recreated as the next attempt.
 - Failed: a permanent failure, a spent budget, or restarts that make no checkpoint progress.
 
 Failures caused by the job count against restartBudget.maxRestarts; those caused by the platform
@@ -24,7 +28,6 @@ from typing import Any
 
 from rtj_worker import exit_codes
 
-from . import api
 from .conditions import parse_time
 
 REPLACE_POD = "ReplacePod"
@@ -36,11 +39,24 @@ PLATFORM = "Platform"
 PERMANENT = "Permanent"
 RENDEZVOUS = "Rendezvous"
 
+# What the operator does to a pod (Finding.action).
+EVICT = "evict"  # Eviction API: DisruptionTarget, then a graceful delete
+FORCE = "force"  # what PodGC does for orphans: phase Failed + DisruptionTarget, then delete now
+
 # Waiting reasons no retry can fix.
-PERMANENT_WAITING = {"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"}
-# Pull errors that might be transient get this long before they count as permanent.
-IMAGE_PULL_GRACE = datetime.timedelta(minutes=5)
-IMAGE_PULL_WAITING = {"ImagePullBackOff", "ErrImagePull"}
+PERMANENT_WAITING = {"InvalidImageName", "ErrImageNeverPull"}
+# Pull errors and missing Secrets/ConfigMaps are often transient (a registry hiccup, a Secret created
+# a moment later): they count as permanent only after a grace period.
+WAITING_GRACE = {
+    "ImagePullBackOff": datetime.timedelta(minutes=5),
+    "ErrImagePull": datetime.timedelta(minutes=5),
+    "CreateContainerConfigError": datetime.timedelta(minutes=2),
+}
+# The reason the operator puts on the DisruptionTarget condition when it fails a pod on a lost node.
+FORCE_REASON = "DeletionByRTJOperator"
+# kube-controller-manager's Job controller delays a replacement pod by 10 s x 2^(failures-1), capped
+# at 10 min, counting every failed pod of the Job (pkg/controller/job: DefaultJobPodFailureBackOff).
+JOB_BACKOFF_BASE, JOB_BACKOFF_MAX = 10.0, 600.0
 
 
 @dataclass(frozen=True)
@@ -52,30 +68,52 @@ class Finding:
     kind: str  # JOB_FAILURE | PLATFORM | PERMANENT | RENDEZVOUS
     reason: str  # CamelCase, shown in status and events
     message: str
-    action: str = ""  # "" | "delete" | "force-delete"
+    action: str = ""  # "" | EVICT | FORCE
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the operator waits before it acts on a lost node (see restartBudget)."""
+
+    node_grace: datetime.timedelta = datetime.timedelta(seconds=30)
+    terminating_timeout: datetime.timedelta = datetime.timedelta(seconds=60)
 
 
 @dataclass
 class Plan:
-    findings: list[Finding] = field(default_factory=list)
-    deletes: list[str] = field(default_factory=list)
-    force_deletes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # not charged yet
+    actions: list[Finding] = field(default_factory=list)  # pods to evict or force, charged or not
     gang_restart: bool = False
     fail_reason: str = ""
     fail_message: str = ""
+    # Seconds until a grace period runs out and the world should be looked at again.
+    recheck: float | None = None
+
+    def wait(self, seconds: float) -> None:
+        self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
 
 
 def node_lost(node: dict[str, Any] | None) -> str:
     """Why a node can no longer run our pod, or '' if it can."""
+    return node_loss(node, datetime.datetime.now(datetime.UTC))[0]
+
+
+def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str, datetime.timedelta]:
+    """Why a node can no longer run our pod ('' if it can) and for how long that has been so.
+
+    The duration comes from the Ready condition's lastTransitionTime (set by the node-lifecycle
+    controller), so a node that flaps is judged by its current outage, not by its first one.
+    """
     if node is None:
-        return "NodeDeleted"
-    for taint in node.get("spec", {}).get("taints") or []:
-        if taint.get("key") == "node.kubernetes.io/unreachable":
-            return "NodeUnreachable"
-    for cond in node.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Ready" and cond.get("status") != "True":
-            return "NodeNotReady"
-    return ""
+        return "NodeDeleted", datetime.timedelta.max
+    ready = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    unreachable = any(t.get("key") == "node.kubernetes.io/unreachable"
+                      for t in node.get("spec", {}).get("taints") or [])
+    if ready is not None and ready.get("status") == "True" and not unreachable:
+        return "", datetime.timedelta(0)
+    since = parse_time((ready or {}).get("lastTransitionTime")) or now
+    reason = "NodeUnreachable" if unreachable or (ready or {}).get("status") == "Unknown" else "NodeNotReady"
+    return reason, max(now - since, datetime.timedelta(0))
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -112,24 +150,34 @@ def termination_report(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.datetime,
-             terminating_timeout: datetime.timedelta) -> Finding | None:
+             timing: Timing, plan: Plan | None = None) -> Finding | None:
+    """What this pod's state means for the job; `plan.wait()` learns when a grace period ends."""
     meta, status = pod["metadata"], pod.get("status", {})
     name, uid = meta["name"], meta.get("uid", meta["name"])
     node_name = pod.get("spec", {}).get("nodeName")
-    lost = node_lost(node) if node_name else ""
+    lost, lost_for = node_loss(node, now) if node_name else ("", datetime.timedelta(0))
+    phase = status.get("phase")
+    disruption = _disruption(pod)
 
-    if meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") and phase not in ("Failed", "Succeeded"):
         deleted = parse_time(meta["deletionTimestamp"]) or now
-        if lost and now - deleted >= terminating_timeout:
-            return Finding(name, uid, PLATFORM, lost, f"pod {name} stuck Terminating on lost node "
-                           f"{node_name} for {int((now - deleted).total_seconds())}s", "force-delete")
         if lost:
+            # A dead kubelet never confirms the deletion, and the Job controller (with a pod failure
+            # policy) keeps the index until the pod is Failed: do what PodGC does for orphans.
+            waited = now - deleted
+            if waited >= timing.terminating_timeout:
+                return Finding(name, uid, PLATFORM, lost, f"pod {name} stuck Terminating on lost node "
+                               f"{node_name} for {int(waited.total_seconds())}s", FORCE)
+            if plan is not None:
+                plan.wait((timing.terminating_timeout - waited).total_seconds())
             return Finding(name, uid, PLATFORM, lost, f"pod {name} terminating on lost node {node_name}")
+        if disruption:
+            # Evicted, drained or preempted on a healthy node: the kubelet finishes it; count it now.
+            return Finding(name, uid, PLATFORM, disruption.get("reason") or "Disrupted",
+                           disruption.get("message") or f"pod {name} is being disrupted")
         return None
 
-    phase = status.get("phase")
     if phase == "Failed":
-        disruption = _disruption(pod)
         if disruption:
             return Finding(name, uid, PLATFORM, disruption.get("reason") or "Disrupted",
                            disruption.get("message") or f"pod {name} was disrupted")
@@ -155,45 +203,62 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
                        message)
 
     if phase in ("Pending", "Running") and lost:
-        return Finding(name, uid, PLATFORM, lost, f"node {node_name} of pod {name} is lost ({lost})",
-                       "delete")
+        # A short blip (NotReady for less than the grace period) must not kill a healthy rank.
+        if lost_for >= timing.node_grace:
+            return Finding(name, uid, PLATFORM, lost, f"node {node_name} of pod {name} is lost ({lost} "
+                           f"for {_seconds(lost_for)})", EVICT)
+        if plan is not None:
+            plan.wait((timing.node_grace - lost_for).total_seconds())
+        return None
 
     waiting = _waiting(pod)
     if waiting:
         reason = waiting.get("reason", "")
-        started = parse_time(meta.get("creationTimestamp")) or now
-        if reason in PERMANENT_WAITING or (reason in IMAGE_PULL_WAITING and now - started >= IMAGE_PULL_GRACE):
+        started = parse_time(status.get("startTime") or meta.get("creationTimestamp")) or now
+        grace = WAITING_GRACE.get(reason)
+        if reason in PERMANENT_WAITING or (grace is not None and now - started >= grace):
             return Finding(name, uid, PERMANENT, reason, waiting.get("message") or f"pod {name}: {reason}")
+        if grace is not None and plan is not None:
+            plan.wait((grace - (now - started)).total_seconds())
     return None
 
 
+def _seconds(delta: datetime.timedelta) -> str:
+    return "ever" if delta == datetime.timedelta.max else f"{int(delta.total_seconds())}s"
+
+
+def replacement_backoff(failed_pods: int) -> float:
+    """Seconds the Job controller waits before it creates the replacement of the next failed pod."""
+    if failed_pods <= 0:
+        return 0.0
+    return min(JOB_BACKOFF_MAX, JOB_BACKOFF_BASE * 2 ** min(failed_pods - 1, 16))
+
+
 def checkpoint_step(pods: list[dict[str, Any]]) -> int | None:
-    """Newest complete checkpoint step reported by any pod (annotation or termination report)."""
+    """Newest complete checkpoint step in the pods' own termination reports.
+
+    Only what the container itself wrote at exit counts: a pod annotation could be set by any
+    process allowed to patch pods in the namespace, including another job's workers.
+    """
     steps: list[int] = []
     for pod in pods:
-        value = (pod["metadata"].get("annotations") or {}).get(api.ANNOTATION_CHECKPOINT_STEP)
-        report_step = termination_report(pod).get("checkpointStep")
-        for candidate in (value, report_step):
-            try:
-                steps.append(int(candidate))
-            except (TypeError, ValueError):
-                pass
+        try:
+            steps.append(int(termination_report(pod).get("checkpointStep")))
+        except (TypeError, ValueError):
+            pass
     return max(steps) if steps else None
 
 
 def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], seen: set[str],
-         now: datetime.datetime, terminating_timeout: datetime.timedelta) -> Plan:
+         now: datetime.datetime, timing: Timing) -> Plan:
     """Classify every pod; new findings (uids not in `seen`) are to be charged by the caller."""
     result = Plan()
     for pod in pods:
-        finding = classify(pod, nodes.get(pod.get("spec", {}).get("nodeName") or ""), now,
-                           terminating_timeout)
+        finding = classify(pod, nodes.get(pod.get("spec", {}).get("nodeName") or ""), now, timing, result)
         if finding is None:
             continue
-        if finding.action == "delete":
-            result.deletes.append(finding.pod)
-        elif finding.action == "force-delete":
-            result.force_deletes.append(finding.pod)
+        if finding.action:
+            result.actions.append(finding)
         if finding.uid in seen:
             continue
         result.findings.append(finding)

@@ -101,9 +101,13 @@ def schema_errors(body: dict[str, Any]) -> list[str]:
 _QUANTITY_RE = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
 
-def semantic_errors(rtj: RTJ) -> list[str]:
+def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = None) -> list[str]:
     """Checks the schema cannot express. Any error here blocks creating or changing children."""
     spec, errors = rtj.spec, []
+    account = spec.get("serviceAccountName") or "default"
+    if allowed_service_accounts is not None and account not in allowed_service_accounts:
+        errors.append(f"serviceAccountName {account!r} is not allowed by the operator's policy "
+                      f"(allowed: {', '.join(sorted(allowed_service_accounts)) or 'none'})")
     if len(rtj.name) > MAX_NAME_LENGTH:
         errors.append(f"metadata.name must be at most {MAX_NAME_LENGTH} characters so that pod "
                       f"hostnames '<name>-<index>' stay DNS labels (got {len(rtj.name)})")

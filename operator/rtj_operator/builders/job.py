@@ -151,8 +151,9 @@ def _pod_failure_policy() -> dict[str, Any]:
 
 
 def template_hash(job: dict[str, Any]) -> str:
-    """Hash of what a running Job cannot change in place (everything but suspend/parallelism)."""
-    spec = {k: v for k, v in job["spec"].items() if k not in ("suspend", "parallelism", "completions")}
+    """Hash of what a running Job cannot change in place (suspend and backoffLimit are patched)."""
+    spec = {k: v for k, v in job["spec"].items()
+            if k not in ("suspend", "parallelism", "completions", "backoffLimit")}
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -174,8 +175,9 @@ def build_job(rtj: RTJ, attempt: int = 1) -> dict[str, Any]:
             "completions": nodes,
             "parallelism": nodes,
             "suspend": bool(rtj.spec["suspend"]),
-            # A backstop: the operator enforces the budget itself (status.jobRestarts).
-            "backoffLimit": rtj.spec["restartBudget"]["maxRestarts"],
+            # A backstop above the operator's own budget (status.jobRestarts), so the operator decides
+            # first; disruptions are ignored by the pod failure policy. Patched in place when edited.
+            "backoffLimit": rtj.spec["restartBudget"]["maxRestarts"] + 1,
             "podFailurePolicy": _pod_failure_policy(),
             # Never run two pods of one index at once: they would share a hostname in rendezvous.
             "podReplacementPolicy": "Failed",
