@@ -66,7 +66,7 @@ def cluster() -> Iterator[LocalCluster]:
              "--create-namespace", "--set", "replicaCount=0")
         yield local
         return
-    local = LocalCluster(nodes=int(os.environ.get("RTJ_TEST_NODES", "6"))).start()
+    local = LocalCluster(nodes=int(os.environ.get("RTJ_TEST_NODES", "10"))).start()
     try:
         helm(local, "install", RELEASE, str(ROOT / "charts" / "rtj-operator"), "-n", RELEASE_NS,
              "--create-namespace", "--wait", "--timeout", "60s",

@@ -327,7 +327,7 @@ class LocalCluster:
         self._spawn("kube-scheduler", [
             "kube-scheduler", f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--kube-api-qps=500",
-            "--kube-api-burst=1000", "--v=1",
+            "--kube-api-burst=1000", f"--v={os.environ.get('RTJ_SCHEDULER_V', '1')}",
         ])
 
     def _kwok(self) -> None:

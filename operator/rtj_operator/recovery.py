@@ -160,7 +160,9 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
     disruption = _disruption(pod)
 
     if meta.get("deletionTimestamp") and phase not in ("Failed", "Succeeded"):
-        deleted = parse_time(meta["deletionTimestamp"]) or now
+        # deletionTimestamp is when the grace period ends, not when the deletion was asked for.
+        deleted = (parse_time(meta["deletionTimestamp"]) or now) - datetime.timedelta(
+            seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
         if lost:
             # A dead kubelet never confirms the deletion, and the Job controller (with a pod failure
             # policy) keeps the index until the pod is Failed: do what PodGC does for orphans.

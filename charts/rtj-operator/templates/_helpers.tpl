@@ -62,6 +62,14 @@ What the operator does in the namespaces it watches; every verb is one the opera
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]
+# A pod on a node lost past the grace period is evicted (DisruptionTarget, not charged to the Job's
+# backoffLimit); one then stuck Terminating there is marked Failed before it is deleted, as PodGC does.
+- apiGroups: [""]
+  resources: ["pods/eviction"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "patch", "delete"]
