@@ -11,7 +11,14 @@ import yaml
 from conftest import EXAMPLES, ROOT, load_yaml, rtj_body
 from rtj_operator import api, crd
 from rtj_operator.builders import build_job, build_pvc, build_service
-from rtj_operator.spec import RTJ, schema_errors, semantic_errors, with_defaults
+from rtj_operator.spec import (
+    ALLOWED_SERVICE_ACCOUNTS_ENV,
+    RTJ,
+    allowed_service_accounts_from_env,
+    schema_errors,
+    semantic_errors,
+    with_defaults,
+)
 
 K8S_VERSION = "1.33.0"  # EKS's supported range; the schemas ship inside kubernetes-validate
 CRD_FILE = ROOT / "crds" / f"{api.GROUP}_{api.PLURAL}.yaml"
@@ -196,3 +203,14 @@ def test_cel_rules_accept_a_spec_using_every_typed_field():
     body = defaulted(rtj_body(**spec))
     assert cel_failures(api.openapi_schema(), body) == []
     assert semantic_errors(RTJ.from_body(body)) == []
+
+
+def test_chart_passes_the_service_account_allow_list_to_the_operator():
+    """policy.allowedServiceAccounts reaches the operator as the env spec.allowed_service_accounts_from_env reads."""
+    chart = ROOT / "charts" / "rtj-operator"
+    assert yaml.safe_load((chart / "values.yaml").read_text())["policy"] == {"allowedServiceAccounts": []}
+    deployment = (chart / "templates" / "deployment.yaml").read_text()
+    assert f"- name: {ALLOWED_SERVICE_ACCOUNTS_ENV}\n" in deployment
+    assert 'value: {{ join "," . | quote }}' in deployment
+    assert allowed_service_accounts_from_env({ALLOWED_SERVICE_ACCOUNTS_ENV: "rtj-worker,team-a/trainer"}) \
+        == frozenset({"rtj-worker", "team-a/trainer"})
