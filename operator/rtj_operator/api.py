@@ -365,6 +365,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
     },
     required=["image", "nodes"],
     **{"x-kubernetes-validations": [
+        # checkpoint, storage and mountPath have defaults: present whenever the rules run.
         _cel("!has(self.checkpoint.dir) || !self.checkpoint.dir.startsWith('/') "
              "|| (self.checkpoint.dir + '/').startsWith(self.storage.mountPath.endsWith('/') "
              "? self.storage.mountPath : self.storage.mountPath + '/')",
