@@ -134,3 +134,25 @@ def test_pvc_is_created_only_for_a_storage_class():
 def test_names_are_deterministic():
     r = rtj()
     assert (job_name(r), service_name(r), pvc_name(r)) == ("train", "train", "train-ckpt")
+
+
+def test_builders_do_not_crash_on_wrong_shaped_parts():
+    """semantic_errors rejects these first; a builder that still meets one treats the part as absent."""
+    for spec in ({"resources": {"limits": "8"}}, {"resources": {"limits": ["cpu"], "requests": None}},
+                 {"resources": "lots"}, {"env": "A=1"}, {"env": ["A=1", {"name": "B", "value": "2"}]},
+                 {"placement": {"tolerations": "all", "affinity": "near", "nodeSelector": ["a"]}}):
+        job = build_job(RTJ(name="train", namespace="default", uid="u", generation=1,
+                            spec={**rtj().spec, **{k: v for k, v in spec.items() if k != "placement"},
+                                  "placement": {**rtj().spec["placement"], **spec.get("placement", {})}}))
+        pod = job["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"] == {GPU: "8", EFA: "32"}
+        assert pod["tolerations"] == [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+        assert "podAntiAffinity" in pod["affinity"]
+        assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+
+
+def test_an_absolute_checkpoint_dir_inside_the_mount_is_used_as_is():
+    env = env_of(build_job(rtj(checkpoint={"dir": "/checkpoints/shared/run-7"})))
+    assert env["RTJ_CHECKPOINT_DIR"] == "/checkpoints/shared/run-7"
+    assert env_of(build_job(rtj(checkpoint={"dir": "shared/run-7"})))["RTJ_CHECKPOINT_DIR"] \
+        == "/checkpoints/shared/run-7"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Mapping
 
 import kopf
 import prometheus_client
 
 from . import handlers, kube
 from .metrics import API_CALLS
+from .spec import allowed_service_accounts_from_env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         from .fsx import FsxCheck
         storage_check = FsxCheck.from_environment(kube.Kube(client))
     context = handlers.Context(kube=kube.Kube(client, on_call=_count_call), storage_check=storage_check,
-                               allowed_service_accounts=_allowed_service_accounts(os.environ))
+                               allowed_service_accounts=allowed_service_accounts_from_env(os.environ))
     login = None
     if args.server:
         def login(**_: object) -> kopf.ConnectionInfo:
@@ -54,15 +54,6 @@ def main(argv: list[str] | None = None) -> None:
         prometheus_client.start_http_server(args.metrics_port)
     kopf.run(registry=registry, memo=context, standalone=True, clusterwide=not args.namespace,
              namespaces=args.namespace, liveness_endpoint=args.liveness or None)
-
-
-def _allowed_service_accounts(env: Mapping[str, str]) -> frozenset[str] | None:
-    """RTJ_ALLOWED_SERVICE_ACCOUNTS (comma-separated; set from the chart's policy values): the only
-    ServiceAccounts worker pods may run as. Unset: any ServiceAccount of the namespace."""
-    raw = env.get("RTJ_ALLOWED_SERVICE_ACCOUNTS")
-    if raw is None:
-        return None
-    return frozenset(a.strip() for a in raw.split(",") if a.strip())
 
 
 def _count_call(verb: str, kind: str) -> None:

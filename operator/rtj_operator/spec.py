@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import posixpath
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import jsonschema
@@ -13,7 +16,7 @@ import jsonschema
 from . import api
 
 # Pod hostnames are "<job>-<index>" and must be DNS labels (63 chars): leave room for the index.
-MAX_NAME_LENGTH = 63 - len("-1023")
+MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ class RTJ:
 
     @property
     def checkpoint_dir(self) -> str:
+        """checkpoint.dir relative to the mount (or absolute, inside it; see semantic_errors)."""
         sub = self.spec["checkpoint"].get("dir") or self.name
-        return f"{self.spec['storage']['mountPath'].rstrip('/')}/{sub.strip('/')}"
+        return posixpath.normpath(posixpath.join(self.spec["storage"]["mountPath"], sub))
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
@@ -80,13 +84,42 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def prune(schema: dict[str, Any], value: Any) -> Any:
+    """Drop fields the schema does not declare, and nulls (no field is nullable), as kube-apiserver
+    does before defaulting."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
+    if isinstance(value, dict) and "properties" in schema:
+        props = schema["properties"]
+        return {k: prune(props[k], v) for k, v in value.items() if k in props and v is not None}
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return {k: prune(schema["additionalProperties"], v) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(schema["items"], item) for item in value]
+    return value
+
+
 def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
-    return apply_defaults(api.SPEC_SCHEMA, copy.deepcopy(spec))
+    """The spec as kube-apiserver stores it: unknown fields pruned, then defaults applied."""
+    return apply_defaults(api.SPEC_SCHEMA, prune(api.SPEC_SCHEMA, copy.deepcopy(spec)))
+
+
+def _re2(pattern: str) -> str:
+    """An OpenAPI `pattern` as Go's RE2 reads it: '$' is the end of the text (Python's '\\Z')."""
+    return re.sub(r"(?<!\\)\$", r"\\Z", pattern)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterable[Any]:
+    if validator.is_type(instance, "string") and not re.search(_re2(pattern), instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"pattern": _pattern})
 
 
 @functools.cache
-def _validator() -> jsonschema.Draft7Validator:
-    return jsonschema.Draft7Validator(api.openapi_schema())
+def _validator() -> Any:
+    return _Validator(api.openapi_schema())
 
 
 def schema_errors(body: dict[str, Any]) -> list[str]:
@@ -98,19 +131,40 @@ def schema_errors(body: dict[str, Any]) -> list[str]:
     return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in errors]
 
 
-_QUANTITY_RE = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_QUANTITY_RE = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([KMGTPE]i|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
+_QUANTITY_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A resource.Quantity (string or integer) as a number, or None if Kubernetes would reject it."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    match = _QUANTITY_RE.fullmatch(value)
+    if not match or (match[3] and abs(int(match[3])) > 1000):
+        return None
+    number = Decimal(match[1])
+    try:
+        return number.scaleb(int(match[3])) if match[3] else number * _QUANTITY_SUFFIXES[match[2] or ""]
+    except InvalidOperation:
+        return None
 
 
 def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = None) -> list[str]:
-    """Checks the schema cannot express. Any error here blocks creating or changing children."""
+    """Checks the schema cannot express. Any error here blocks creating or changing children.
+
+    With an allow-list (see allowed_service_accounts_from_env), spec.serviceAccountName must be in it.
+    """
+    shape = _spec_shape_errors(rtj.spec)
+    if shape:  # the checks below assume the schema's types
+        return [f"spec.{e}" for e in shape]
     spec, errors = rtj.spec, []
-    account = spec.get("serviceAccountName") or "default"
-    if allowed_service_accounts is not None and account not in allowed_service_accounts:
-        errors.append(f"serviceAccountName {account!r} is not allowed by the operator's policy "
-                      f"(allowed: {', '.join(sorted(allowed_service_accounts)) or 'none'})")
-    if len(rtj.name) > MAX_NAME_LENGTH:
-        errors.append(f"metadata.name must be at most {MAX_NAME_LENGTH} characters so that pod "
-                      f"hostnames '<name>-<index>' stay DNS labels (got {len(rtj.name)})")
+    errors += _name_errors(rtj.name)
     count, lo, hi = rtj.nodes, rtj.nodes_min, rtj.nodes_max
     if lo > hi:
         errors.append(f"nodes.min ({lo}) must not exceed nodes.max ({hi})")
@@ -136,9 +190,10 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     if sc and rtj.nodes_max > 1 and storage["accessMode"] != "ReadWriteMany":
         errors.append(f"storage.accessMode must be ReadWriteMany for a shared checkpoint volume across "
                       f"{rtj.nodes_max} nodes (got {storage['accessMode']})")
-    if sc and not _QUANTITY_RE.match(storage["size"]):
-        errors.append(f"storage.size {storage['size']!r} is not a valid size such as 1200Gi")
-    if not _QUANTITY_RE.match(spec["shmSize"]):
+    size = parse_quantity(storage["size"])
+    if sc and (size is None or size <= 0):
+        errors.append(f"storage.size {storage['size']!r} must be a size greater than 0, such as 1200Gi")
+    if parse_quantity(spec["shmSize"]) is None:
         errors.append(f"shmSize {spec['shmSize']!r} is not a valid size such as 64Gi")
     if spec["gpusPerNode"] == 0 and spec["efaPerNode"] > 0:
         errors.append("efaPerNode requires gpusPerNode > 0 (EFA is only used for GPU collectives)")
@@ -146,7 +201,221 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     reserved = sorted({n for n in names if n in RESERVED_ENV})
     if reserved:
         errors.append(f"env must not set {', '.join(reserved)}: the operator sets them")
+    errors += _storage_path_errors(storage, spec["checkpoint"])
+    errors += _env_errors(spec.get("env") or [])
+    errors += _placement_errors(spec["placement"])
+    errors += _resources_errors(spec.get("resources") or {})
+    errors += _service_account_errors(rtj, allowed_service_accounts)
     return errors
+
+
+def _spec_shape_errors(spec: Any) -> list[str]:
+    """The spec against the CRD's schema (kube-apiserver has checked it already, the tests have not)."""
+    errors = sorted(_spec_validator().iter_errors(spec), key=lambda e: list(e.absolute_path))
+    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<spec>'}: {e.message}" for e in errors]
+
+
+@functools.cache
+def _spec_validator() -> Any:
+    return _Validator(api.SPEC_SCHEMA)
+
+
+def _matches(pattern: str, value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(pattern, value) is not None
+
+
+def is_label_key(key: Any) -> bool:
+    """A qualified name: [DNS-1123 subdomain prefix of at most 253 /] name of at most 63."""
+    return _matches(api.LABEL_KEY, key) and len(key.partition("/")[0] if "/" in key else "") <= 253
+
+
+def _name_errors(name: str) -> list[str]:
+    if len(name) > MAX_NAME_LENGTH:
+        return [f"metadata.name must be at most {MAX_NAME_LENGTH} characters so that pod "
+                f"hostnames '<name>-<index>' stay DNS labels (got {len(name)})"]
+    if not _matches(api.DNS1035_LABEL, name):
+        return [f"metadata.name {name!r} must be a DNS-1035 label (lowercase letters, digits and '-', "
+                f"starting with a letter and ending with a letter or digit, no dots): it names the "
+                f"Service and, as '<name>-<index>', every pod's hostname"]
+    return []
+
+
+def _storage_path_errors(storage: dict[str, Any], checkpoint: dict[str, Any]) -> list[str]:
+    errors, mount = [], posixpath.normpath(storage["mountPath"])
+    if mount == "/dev/shm" or mount.startswith("/dev/shm/"):
+        errors.append(f"storage.mountPath {storage['mountPath']!r} must not be /dev/shm or under it: "
+                      f"the shared-memory volume is mounted there")
+    sub = checkpoint.get("dir") or ""
+    if ".." in sub.split("/"):
+        errors.append(f"checkpoint.dir {sub!r} must not contain '..' components")
+    elif sub.startswith("/") and not (posixpath.normpath(sub) + "/").startswith(mount.rstrip("/") + "/"):
+        errors.append(f"checkpoint.dir {sub!r} is absolute but not inside storage.mountPath {mount!r}: "
+                      f"use a path relative to the mount")
+    return errors
+
+
+_CPU_DIVISORS = frozenset({"1m", "1"})
+_MEMORY_DIVISORS = frozenset({"1", *(f"1{s}" for s in ("k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti",
+                                                           "Pi", "Ei"))})
+_SUBSCRIPTED_FIELD = re.compile(r"metadata\.(labels|annotations)\['(.*)'\]")
+
+
+def _env_errors(env: list[dict[str, Any]]) -> list[str]:
+    errors, seen = [], set()
+    for i, var in enumerate(env):
+        where, name = f"env[{i}] ({var['name']})", var["name"]
+        if name in seen:
+            errors.append(f"{where}: duplicate name")
+        seen.add(name)
+        source = var.get("valueFrom")
+        if source and var.get("value"):
+            errors.append(f"{where}: set value or valueFrom, not both")
+        errors += [f"{where}.valueFrom.{e}" for e in _env_source_errors(source or {})]
+    return errors
+
+
+def _env_source_errors(source: dict[str, Any]) -> list[str]:
+    errors = []
+    field = (source.get("fieldRef") or {}).get("fieldPath", "")
+    sub = _SUBSCRIPTED_FIELD.fullmatch(field)
+    if sub and not is_label_key(sub[2].lower() if sub[1] == "annotations" else sub[2]):
+        errors.append(f"fieldRef.fieldPath {field!r}: {sub[2]!r} is not a valid {sub[1][:-1]} key")
+    ref = source.get("resourceFieldRef") or {}
+    divisor = ref.get("divisor")
+    if divisor not in (None, 0, "0"):
+        valid = _CPU_DIVISORS if ref["resource"].endswith(".cpu") else _MEMORY_DIVISORS
+        if str(divisor) not in valid:
+            errors.append(f"resourceFieldRef.divisor {divisor!r} must be one of {', '.join(sorted(valid))} "
+                          f"for {ref['resource']}")
+    for kind in ("configMapKeyRef", "secretKeyRef"):
+        key = (source.get(kind) or {}).get("key")
+        if key is not None and (key in (".", "..") or key.startswith("..")):
+            errors.append(f"{kind}.key {key!r} must not be '.' or start with '..'")
+    return errors
+
+
+def _placement_errors(placement: dict[str, Any]) -> list[str]:
+    errors = [f"placement.nodeSelector key {k!r} is not a valid label key"
+              for k in placement.get("nodeSelector") or {} if not is_label_key(k)]
+    for i, tol in enumerate(placement.get("tolerations") or []):
+        errors += [f"placement.tolerations[{i}]: {e}" for e in _toleration_errors(tol)]
+    errors += [f"placement.affinity.{e}" for e in _affinity_errors(placement.get("affinity") or {})]
+    return errors
+
+
+def _toleration_errors(tol: dict[str, Any]) -> list[str]:
+    errors, exists = [], tol.get("operator") == "Exists"
+    if not tol.get("key") and not exists:
+        errors.append("a toleration without a key must use operator Exists")
+    if exists and tol.get("value"):
+        errors.append("a toleration with operator Exists must not set a value")
+    if "tolerationSeconds" in tol and tol.get("effect") != "NoExecute":
+        errors.append("tolerationSeconds requires effect NoExecute")
+    return errors
+
+
+def _requirement_errors(req: dict[str, Any], where: str, node: bool = False) -> list[str]:
+    op, values = req["operator"], req.get("values") or []
+    if op in ("In", "NotIn") and not values:
+        return [f"{where}: operator {op} needs values"]
+    if op in ("Exists", "DoesNotExist") and values:
+        return [f"{where}: operator {op} takes no values"]
+    if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]+", values[0])):
+        return [f"{where}: operator {op} needs exactly one integer value"]
+    if node and req["key"] == "metadata.name" and len(values) != 1:
+        return [f"{where}: matchFields need exactly one value"]
+    return []
+
+
+def _selector_errors(selector: dict[str, Any], where: str) -> list[str]:
+    errors = [f"{where}.matchLabels key {k!r} is not a valid label key"
+              for k in selector.get("matchLabels") or {} if not is_label_key(k)]
+    for i, req in enumerate(selector.get("matchExpressions") or []):
+        errors += _requirement_errors(req, f"{where}.matchExpressions[{i}]")
+    return errors
+
+
+def _affinity_errors(affinity: dict[str, Any]) -> list[str]:
+    errors, node = [], affinity.get("nodeAffinity") or {}
+    terms = [(f"nodeAffinity.required.nodeSelectorTerms[{i}]", t) for i, t in enumerate(
+        (node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])]
+    terms += [(f"nodeAffinity.preferred[{i}].preference", p["preference"]) for i, p in enumerate(
+        node.get("preferredDuringSchedulingIgnoredDuringExecution") or [])]
+    for where, term in terms:
+        for kind in ("matchExpressions", "matchFields"):
+            for i, req in enumerate(term.get(kind) or []):
+                errors += _requirement_errors(req, f"{where}.{kind}[{i}]", node=kind == "matchFields")
+    for kind in ("podAffinity", "podAntiAffinity"):
+        pod = affinity.get(kind) or {}
+        pod_terms = [(f"{kind}.required[{i}]", t) for i, t in enumerate(
+            pod.get("requiredDuringSchedulingIgnoredDuringExecution") or [])]
+        pod_terms += [(f"{kind}.preferred[{i}].podAffinityTerm", w["podAffinityTerm"]) for i, w in enumerate(
+            pod.get("preferredDuringSchedulingIgnoredDuringExecution") or [])]
+        for where, term in pod_terms:
+            for sel in ("labelSelector", "namespaceSelector"):
+                errors += _selector_errors(term.get(sel) or {}, f"{where}.{sel}")
+            if not is_label_key(term["topologyKey"]):
+                errors.append(f"{where}.topologyKey {term['topologyKey']!r} is not a valid label key")
+    return errors
+
+
+_STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+# Set by the operator from gpusPerNode/efaPerNode (builders/job.py).
+_ACCELERATORS = frozenset({"nvidia.com/gpu", "vpc.amazonaws.com/efa"})
+
+
+def _resources_errors(resources: dict[str, Any]) -> list[str]:
+    errors = []
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    for kind, values in (("limits", limits), ("requests", requests)):
+        for name, value in values.items():
+            errors += [f"resources.{kind}[{name}]: {e}" for e in _resource_errors(name, value)]
+    for name, value in requests.items():
+        request, limit = parse_quantity(value), parse_quantity(limits.get(name))
+        extended = name not in _STANDARD_RESOURCES
+        if request is None or (name in limits and limit is None):
+            continue
+        if extended and limit != request:
+            errors.append(f"resources.requests[{name}]: an extended resource needs a limit equal to its request")
+        elif limit is not None and request > limit:
+            errors.append(f"resources.requests[{name}] ({value}) must not exceed the limit ({limits[name]})")
+    return errors
+
+
+def _resource_errors(name: str, value: Any) -> list[str]:
+    if name in _ACCELERATORS:
+        return ["set by the operator from gpusPerNode/efaPerNode: set those instead"]
+    if name not in _STANDARD_RESOURCES and (
+            not _matches(api.RESOURCE_NAME, name) or "kubernetes.io/" in name or not is_label_key(name)):
+        return ["not a container resource (cpu, memory, ephemeral-storage or an extended resource "
+                "such as example.com/device)"]
+    quantity = parse_quantity(value)
+    if quantity is None or quantity < 0:
+        return [f"{value!r} is not a non-negative quantity such as 8, 500m or 16Gi"]
+    if name not in _STANDARD_RESOURCES and quantity % 1:
+        return [f"{value!r}: an extended resource must be a whole number"]
+    return []
+
+
+def _service_account_errors(rtj: RTJ, allowed: frozenset[str] | None) -> list[str]:
+    if allowed is None:
+        return []
+    account = rtj.spec.get("serviceAccountName") or "default"
+    if account in allowed or f"{rtj.namespace}/{account}" in allowed:
+        return []
+    return [f"serviceAccountName {account!r} is not allowed by the operator's policy "
+            f"(RTJ_ALLOWED_SERVICE_ACCOUNTS: {', '.join(sorted(allowed))})"]
+
+
+ALLOWED_SERVICE_ACCOUNTS_ENV = "RTJ_ALLOWED_SERVICE_ACCOUNTS"
+
+
+def allowed_service_accounts_from_env(env: Mapping[str, str]) -> frozenset[str] | None:
+    """The serviceAccountName allow-list: RTJ_ALLOWED_SERVICE_ACCOUNTS, comma-separated entries
+    'name' (any namespace) or 'namespace/name'. Unset or empty: no restriction (None).
+    An RTJ without serviceAccountName runs as 'default', which the list must then name."""
+    entries = frozenset(e.strip() for e in env.get(ALLOWED_SERVICE_ACCOUNTS_ENV, "").split(",") if e.strip())
+    return entries or None
 
 
 # Environment the operator sets in every worker pod; see builders/job.py and worker/.

@@ -21,6 +21,16 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 GRACE_SECONDS = 120
 
 
+# spec.semantic_errors rejects specs of the wrong shape first; these keep a builder from crashing
+# on one that slipped through (e.g. `resources.limits: "8"`): a wrong-typed part counts as absent.
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
     spec, res, ckpt = rtj.spec, rtj.spec["resiliency"], rtj.spec["checkpoint"]
     ipr = res["inProcessRestart"]
@@ -57,7 +67,7 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
-    user = list(spec.get("env") or [])
+    user = _as_list(spec.get("env"))
     if spec["efaPerNode"] > 0:
         # libfabric/NCCL over EFA; the user's env may override these.
         user_names = {e.get("name") for e in user}
@@ -68,7 +78,7 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
 
 
 def _resources(rtj: RTJ) -> dict[str, Any]:
-    resources = copy.deepcopy(rtj.spec.get("resources") or {})
+    resources = copy.deepcopy(_as_dict(rtj.spec.get("resources")))
     accel = {}
     if rtj.spec["gpusPerNode"] > 0:
         accel[GPU] = str(rtj.spec["gpusPerNode"])
@@ -76,13 +86,13 @@ def _resources(rtj: RTJ) -> dict[str, Any]:
         accel[EFA] = str(rtj.spec["efaPerNode"])
     if accel:
         # Extended resources must have requests == limits.
-        resources.setdefault("limits", {}).update(accel)
-        resources.setdefault("requests", {}).update(accel)
+        resources["limits"] = {**_as_dict(resources.get("limits")), **accel}
+        resources["requests"] = {**_as_dict(resources.get("requests")), **accel}
     return resources
 
 
 def _affinity(rtj: RTJ) -> dict[str, Any]:
-    affinity = copy.deepcopy(rtj.spec["placement"].get("affinity") or {})
+    affinity = copy.deepcopy(_as_dict(rtj.spec["placement"].get("affinity")))
     # One pod per node: two ranks' pods on one node would fight over GPUs and EFA devices.
     affinity.setdefault("podAntiAffinity", {
         "requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -94,7 +104,7 @@ def _affinity(rtj: RTJ) -> dict[str, Any]:
 
 
 def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
-    tolerations = list(rtj.spec["placement"].get("tolerations") or [])
+    tolerations = _as_list(rtj.spec["placement"].get("tolerations"))
     if rtj.spec["gpusPerNode"] > 0 and not any(t.get("key") == GPU for t in tolerations):
         tolerations.append({"key": GPU, "operator": "Exists", "effect": "NoSchedule"})
     return tolerations
@@ -103,7 +113,7 @@ def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
 def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
     spec, placement = rtj.spec, rtj.spec["placement"]
     node_selector = {"node.kubernetes.io/instance-type": placement["instanceType"],
-                     **(placement.get("nodeSelector") or {})}
+                     **_as_dict(placement.get("nodeSelector"))}
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec["image"],
