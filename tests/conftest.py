@@ -36,7 +36,8 @@ def rtj_body(name: str = "train", namespace: str = "default", **spec: Any) -> di
                             "storage": {"storageClassName": "fsx-sc"}}
     base.update(spec)
     return {"apiVersion": api.API_VERSION, "kind": api.KIND,
-            "metadata": {"name": name, "namespace": namespace},
+            # The API server replaces uid and generation on create; builder tests read them.
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": 1},
             "spec": copy.deepcopy(base)}
 
 
