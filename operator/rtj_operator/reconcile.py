@@ -337,7 +337,9 @@ class _Pass:
         plan = recovery.plan(pods, nodes, seen, self.now, self.timing)
         if plan.recheck is not None:
             self.wait(max(0.5, plan.recheck))
-        if converge and job is not None and job_attempt(job) == int(status["attempt"]):
+        # A Job being deleted (a gang restart, or by hand) takes its pods along: not failures to charge.
+        if converge and job is not None and job_attempt(job) == int(status["attempt"]) and not job[
+                "metadata"].get("deletionTimestamp"):
             # Act only on what an earlier pass already charged: the charge is in status first.
             self.act([a for a in plan.actions if a.uid in seen], pods)
             self.charge(plan, seen)

@@ -189,6 +189,9 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
             return Finding(name, uid, PLATFORM, lost, f"pod {name} failed on lost node {node_name}")
         term = _terminated(pod) or {}
         code = term.get("exitCode")
+        if meta.get("deletionTimestamp") and code in (exit_codes.SIGTERM, exit_codes.SIGKILL):
+            # Killed because someone deleted it (kubectl delete, a controller): not the job's fault.
+            return Finding(name, uid, PLATFORM, "PodDeleted", f"pod {name} was deleted while running")
         report = termination_report(pod)
         detail = report.get("reason") or term.get("reason") or ""
         message = f"pod {name} exited with code {code}" + (f": {detail}" if detail else "")
