@@ -25,22 +25,24 @@ FROM ${OPERATOR_BASE} AS operator
 ARG PYTHON
 ARG PIP_VERSION
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
-COPY hack/images/python-venv.sh hack/images/requirements.py /opt/rtj-build/
-RUN sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
+COPY hack/images/python-venv.sh hack/images/pip.sh hack/images/requirements.py /opt/rtj-build/
+RUN --mount=type=secret,id=pip-ca sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
 # Dependencies first (this layer is rebuilt only when pyproject.toml changes), then the code.
 COPY pyproject.toml /opt/rtj-build/
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=pip-ca \
     python /opt/rtj-build/requirements.py /opt/rtj-build/pyproject.toml > /opt/rtj-build/requirements.txt \
- && pip install -r /opt/rtj-build/requirements.txt
+ && sh /opt/rtj-build/pip.sh install -r /opt/rtj-build/requirements.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY worker/ worker/
 COPY crds/ crds/
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps . && pip check && cd / && rm -rf /src /opt/rtj-build
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=pip-ca \
+    sh /opt/rtj-build/pip.sh install --no-deps . && pip check && cd / && rm -rf /src /opt/rtj-build
 WORKDIR /
-# Non-root with a read-only root filesystem (see charts/rtj-operator/values.yaml).
+# Non-root with a read-only root filesystem (see charts/rtj-operator/values.yaml). The uid needs a
+# passwd entry: kopf names its peering identity with getpass.getuser(), which fails without one.
+RUN groupadd -g 65532 rtj && useradd -u 65532 -g 65532 -M -d /nonexistent -s /usr/sbin/nologin rtj
 USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["rtj-operator"]
@@ -67,22 +69,22 @@ RUN if [ "$INSTALL_EFA" = 1 ]; then \
     else echo "INSTALL_EFA=$INSTALL_EFA: EFA installer skipped"; fi
 ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:${LD_LIBRARY_PATH} \
     FI_PROVIDER=efa NCCL_SOCKET_IFNAME=^lo,docker
-COPY hack/images/python-venv.sh hack/images/requirements.py /opt/rtj-build/
-RUN sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
+COPY hack/images/python-venv.sh hack/images/pip.sh hack/images/requirements.py /opt/rtj-build/
+RUN --mount=type=secret,id=pip-ca sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
 # torch from PyPI carries its CUDA runtime and NCCL (pyproject.toml's `worker` extra); NVRx is
 # NVRX_VERSION. The pip cache mount keeps the ~3 GB of wheels across rebuilds on one machine.
 COPY pyproject.toml /opt/rtj-build/
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=pip-ca \
     python /opt/rtj-build/requirements.py /opt/rtj-build/pyproject.toml worker \
         --nvrx "$NVRX_VERSION" --check-glibc > /opt/rtj-build/requirements.txt \
- && pip install -r /opt/rtj-build/requirements.txt
+ && sh /opt/rtj-build/pip.sh install -r /opt/rtj-build/requirements.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY worker/ worker/
 COPY crds/ crds/
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps . && cd / && rm -rf /src /opt/rtj-build
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=pip-ca \
+    sh /opt/rtj-build/pip.sh install --no-deps . && cd / && rm -rf /src /opt/rtj-build
 LABEL dev.rtj.nvidia-resiliency-ext="${NVRX_VERSION}" dev.rtj.efa="${INSTALL_EFA}"
 WORKDIR /workspace
 ENTRYPOINT ["rtj-worker", "--"]

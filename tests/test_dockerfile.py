@@ -60,6 +60,8 @@ def test_targets_and_production_defaults():
     assert worker["NVRX_VERSION"] == "0.6.0"
     assert worker["INSTALL_EFA"] == "1"
     assert any("USER 65532:65532" == ln for ln in s["operator"]), "the operator runs as non-root"
+    # ... with a passwd entry: kopf's getpass.getuser() raises KeyError for an unknown uid.
+    assert any(ln.startswith("RUN") and "useradd -u 65532" in ln for ln in s["operator"])
 
 
 def test_builds_without_a_registry():

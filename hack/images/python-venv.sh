@@ -12,6 +12,6 @@ if ! command -v "$PYTHON" >/dev/null || ! "$PYTHON" -c 'import ensurepip, venv' 
 fi
 "$PYTHON" -m venv /opt/venv
 if [ -n "$PIP_VERSION" ]; then
-    /opt/venv/bin/python -m pip install --no-cache-dir --upgrade "pip==$PIP_VERSION"
+    sh "$(dirname "$0")/pip.sh" install --no-cache-dir --upgrade "pip==$PIP_VERSION"
 fi
 /opt/venv/bin/python -c 'import platform, sys; print("python", sys.version.split()[0], "glibc", platform.libc_ver()[1])'
