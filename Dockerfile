@@ -52,7 +52,6 @@ CMD ["--all-namespaces"]
 FROM ${WORKER_BASE} AS worker
 ARG PYTHON
 ARG PIP_VERSION
-ARG NVRX_VERSION=0.6.0
 # EFA: libfabric and the aws-ofi-nccl plugin let NCCL use the 32 EFA interfaces of a p5.48xlarge.
 # The installer comes from the internet and supports Ubuntu/Amazon Linux, not Debian: off in CI.
 ARG INSTALL_EFA=1
@@ -72,7 +71,9 @@ ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:${LD_LIBRARY_PA
 COPY hack/images/python-venv.sh hack/images/pip.sh hack/images/requirements.py /opt/rtj-build/
 RUN --mount=type=secret,id=pip-ca sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
 # torch from PyPI carries its CUDA runtime and NCCL (pyproject.toml's `worker` extra); NVRx is
-# NVRX_VERSION. The pip cache mount keeps the ~3 GB of wheels across rebuilds on one machine.
+# NVRX_VERSION (declared here so that the layers above are shared by every version). The pip cache
+# mount keeps the ~3 GB of wheels across rebuilds where the index's responses may be cached.
+ARG NVRX_VERSION=0.6.0
 COPY pyproject.toml /opt/rtj-build/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=pip-ca \
     python /opt/rtj-build/requirements.py /opt/rtj-build/pyproject.toml worker \
