@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test lint unit setup tools crds chart-crds bench bench-operator bench-worker image clean
+.PHONY: demo test lint unit setup tools crds chart-crds bench bench-operator bench-worker images clean
 
 demo: setup ## Run the operator end to end on the embedded emulated API
 	$(PY) -m rtj_operator.demo
@@ -38,9 +38,8 @@ bench-operator: setup
 bench-worker: setup
 	$(PY) bench/recovery.py
 
-image: ## Needs a Docker engine (not in CI)
-	docker build --target worker -t rtj-worker:0.1.0 .
-	docker build --target operator -t rtj-operator:0.1.0 .
+images: ## Build and smoke-test both images without a registry (root; installs/starts Debian's docker.io)
+	hack/images/build.sh
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .ruff_cache
