@@ -3,13 +3,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test lint unit setup tools crds chart-crds bench bench-operator bench-worker images clean
+# Upstream Kubernetes binaries (kube-apiserver, controller-manager, scheduler, etcd, kwok, CoreDNS),
+# built once from Go modules into a cache keyed by version; hack/kube/build.sh prints the folder.
+WITH_KUBE = RTJ_KUBE_BIN=$$(bash hack/kube/build.sh) && export RTJ_KUBE_BIN &&
 
-demo: setup ## Run the operator end to end on the embedded emulated API
-	$(PY) -m rtj_operator.demo
+.PHONY: demo test lint unit setup tools kube crds chart-crds bench bench-operator bench-worker images clean
 
-test: setup tools lint ## Lint and run every test
-	$(PY) -m pytest
+demo: setup tools ## Run the operator end to end on a local control plane (first run builds it)
+	$(WITH_KUBE) PYTHONPATH=hack $(PY) -m rtj_dev.demo
+
+test: setup tools lint ## Lint and run every test (on a local control plane)
+	$(WITH_KUBE) $(PY) -m pytest
+
+kube: ## Build the local control plane's binaries from Go modules (cold ~12 min on 2 cores, then cached)
+	@echo "Kubernetes binaries: $$(bash hack/kube/build.sh)"
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -32,8 +39,8 @@ crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_opera
 
 bench: bench-operator bench-worker
 
-bench-operator: setup
-	$(PY) bench/reconcile_500.py
+bench-operator: setup tools
+	$(WITH_KUBE) PYTHONPATH=hack $(PY) bench/reconcile_500.py
 
 bench-worker: setup
 	$(PY) bench/recovery.py

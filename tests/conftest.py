@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+
 from rtj_dev.localcluster import LocalCluster
 from rtj_dev.operator_thread import OperatorThread
-
 from rtj_operator import api
 from rtj_operator.kube import Kube, configure
 

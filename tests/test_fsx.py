@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import boto3
 import pytest
 from moto import mock_aws
 from moto.fsx import models as fsx_models
 
-from conftest import rtj_body, wait_until
-from rtj_operator import api
-from rtj_operator.devcluster import OperatorThread, node_manifest
+from conftest import Job, rtj_body, start_operator, wait_until
+from rtj_dev.localcluster import p5_node
 from rtj_operator.fsx import ZONE_LABEL, FsxCheck
 from rtj_operator.spec import RTJ
 
 REGION = "us-west-2"
+# The node-zone checks use an instance type of their own, so the local cluster's p5 nodes
+# (all in us-west-2a) do not take part; the nodes they make are real Node objects.
+TYPE = "p5e.48xlarge"
 
 
 @pytest.fixture
@@ -42,28 +46,37 @@ def lustre(fsx, ec2, zone: str = "us-west-2b", lifecycle: str = "AVAILABLE", kin
     return fs_id
 
 
-def zoned_node(kube, name: str, zone: str) -> None:
-    node = node_manifest(name)
-    node["metadata"]["labels"][ZONE_LABEL] = zone
-    kube.create(node)
+@pytest.fixture
+def nodes(kube):
+    made: list[str] = []
+
+    def make(name: str, zone: str, instance_type: str = TYPE) -> None:
+        node = p5_node(f"{name}-{os.urandom(3).hex()}", zone, managed=False)
+        node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = instance_type
+        kube.create(node)
+        made.append(node["metadata"]["name"])
+
+    yield make
+    for name in made:
+        kube.delete("Node", name, None)
 
 
 def rtj(fs_id: str | None, **placement) -> RTJ:
     storage = {"existingClaim": "fsx", **({"fileSystemId": fs_id} if fs_id else {})}
-    return RTJ.from_body(rtj_body(storage=storage, placement=placement))
+    return RTJ.from_body(rtj_body(storage=storage, placement={"instanceType": TYPE, **placement}))
 
 
-def test_available_filesystem_in_the_nodes_zone_passes(aws, kube):
+def test_available_filesystem_in_the_nodes_zone_passes(aws, kube, nodes):
     fsx, ec2 = aws
     fs_id = lustre(fsx, ec2)
-    zoned_node(kube, "n1", "us-west-2b")
+    nodes("n1", "us-west-2b")
     ok, reason, message = FsxCheck(kube, fsx, ec2)(rtj(fs_id))
     assert (ok, reason) == (True, "FileSystemAvailable")
     assert message == f"FSx for Lustre {fs_id} is AVAILABLE in us-west-2b"
 
 
 @pytest.mark.parametrize("lifecycle", ["CREATING", "FAILED", "MISCONFIGURED"])
-def test_filesystem_not_available(aws, kube, lifecycle):
+def test_filesystem_not_available(aws, kube, nodes, lifecycle):
     fsx, ec2 = aws
     fs_id = lustre(fsx, ec2, lifecycle=lifecycle)
     ok, reason, message = FsxCheck(kube, fsx, ec2)(rtj(fs_id))
@@ -71,23 +84,23 @@ def test_filesystem_not_available(aws, kube, lifecycle):
     assert f"is {lifecycle}, not AVAILABLE" in message
 
 
-def test_missing_filesystem(aws, kube):
+def test_missing_filesystem(aws, kube, nodes):
     fsx, ec2 = aws
     ok, reason, message = FsxCheck(kube, fsx, ec2)(rtj("fs-0123456789abcdef0"))
     assert (ok, reason) == (False, "FileSystemNotFound")
     assert "fs-0123456789abcdef0 does not exist" in message
 
 
-def test_other_fsx_type_is_refused(aws, kube):
+def test_other_fsx_type_is_refused(aws, kube, nodes):
     fsx, ec2 = aws
     fs_id = lustre(fsx, ec2, kind="WINDOWS")
     assert FsxCheck(kube, fsx, ec2)(rtj(fs_id))[:2] == (False, "NotLustre")
 
 
-def test_zone_mismatch_names_the_fix(aws, kube):
+def test_zone_mismatch_names_the_fix(aws, kube, nodes):
     fsx, ec2 = aws
     fs_id = lustre(fsx, ec2, zone="us-west-2b")
-    zoned_node(kube, "n1", "us-west-2a")
+    nodes("n1", "us-west-2a")
     ok, reason, message = FsxCheck(kube, fsx, ec2)(rtj(fs_id))
     assert (ok, reason) == (False, "AvailabilityZoneMismatch")
     assert "is in us-west-2b but the job's nodes are in us-west-2a" in message
@@ -96,44 +109,36 @@ def test_zone_mismatch_names_the_fix(aws, kube):
     assert FsxCheck(kube, fsx, ec2)(rtj(fs_id, nodeSelector={ZONE_LABEL: "us-west-2b"}))[0] is True
 
 
-def test_nodes_of_other_instance_types_do_not_count(aws, kube):
+def test_nodes_of_other_instance_types_do_not_count(aws, kube, nodes):
     fsx, ec2 = aws
     fs_id = lustre(fsx, ec2, zone="us-west-2b")
-    other = node_manifest("cpu-node", instance_type="m5.large")
-    other["metadata"]["labels"][ZONE_LABEL] = "us-west-2a"
-    kube.create(other)
+    nodes("cpu-node", "us-west-2a", instance_type="m5.large")
     ok, reason, message = FsxCheck(kube, fsx, ec2)(rtj(fs_id))
     assert (ok, reason) == (True, "FileSystemAvailable") and "no matching nodes yet" in message
 
 
-def test_no_filesystem_id_is_not_checked(aws, kube):
+def test_no_filesystem_id_is_not_checked(aws, kube, nodes):
     fsx, ec2 = aws
     assert FsxCheck(kube, fsx, ec2)(rtj(None)) == (True, "NotChecked", "spec.storage.fileSystemId is not set")
 
 
-def test_operator_holds_the_job_pending_until_storage_is_ready(aws, cluster, kube, sim):
+def test_operator_holds_the_job_pending_until_storage_is_ready(aws, cluster, kube, ns, operator_token):
     fsx, ec2 = aws
-    fs_id = lustre(fsx, ec2, lifecycle="CREATING")
-    check = FsxCheck(cluster.kube(), fsx, ec2, cache_seconds=0)
-    operator = OperatorThread(cluster.url, storage_check=check, max_requeue=0.3).start()
+    fs_id = lustre(fsx, ec2, zone="us-west-2a", lifecycle="CREATING")  # the local p5 nodes' zone
+    kube.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "fsx", "namespace": ns},
+                 "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "fsx-sc",
+                          "resources": {"requests": {"storage": "1200Gi"}}}})
+    operator = start_operator(cluster, operator_token, ns, storage_check=FsxCheck(kube, fsx, ec2, cache_seconds=0))
     try:
-        body = rtj_body(storage={"existingClaim": "fsx", "fileSystemId": fs_id})
-        body["metadata"] = {"name": "train", "namespace": "default"}
-        kube.create(body)
-
-        def condition(type_: str) -> dict | None:
-            status = (kube.get(api.KIND, "train", "default") or {}).get("status") or {}
-            return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
-
-        cond = wait_until(lambda: condition("StorageReady"), what="StorageReady")
+        job = Job(kube, ns)
+        job.create(storage={"existingClaim": "fsx", "fileSystemId": fs_id})
+        cond = wait_until(lambda: job.condition("StorageReady"), what="StorageReady")
         assert cond["status"] == "False" and cond["reason"] == "FileSystemNotAvailable"
-        assert kube.get("Job", "train", "default") is None
-        assert kube.get(api.KIND, "train", "default")["status"]["phase"] == "Pending"
-        warnings = [e["reason"] for e in kube.list("Event", "default") if e["type"] == "Warning"]
-        assert warnings == ["FileSystemNotAvailable"]
+        assert job.job() is None and job.status()["phase"] == "Pending"
+        assert [e["reason"] for e in job.events() if e["type"] == "Warning"] == ["FileSystemNotAvailable"]
 
         fsx_models.fsx_backends["123456789012"][REGION].file_systems[fs_id].lifecycle = "AVAILABLE"
-        wait_until(lambda: (condition("Running") or {}).get("status") == "True", step=sim.step, what="Running")
-        assert condition("StorageReady")["reason"] == "FileSystemAvailable"
+        job.wait_running()
+        assert job.condition("StorageReady")["reason"] == "FileSystemAvailable"
     finally:
         operator.stop()
