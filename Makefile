@@ -40,7 +40,7 @@ crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_opera
 bench: bench-operator bench-worker
 
 bench-operator: setup tools
-	$(WITH_KUBE) PYTHONPATH=hack $(PY) bench/reconcile_500.py
+	$(WITH_KUBE) PYTHONPATH=hack $(PY) bench/reconcile_load.py
 
 bench-worker: setup
 	$(PY) bench/recovery.py

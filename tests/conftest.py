@@ -74,9 +74,26 @@ def cluster() -> Iterator[LocalCluster]:
              # The operator runs as a process of the test run (with this release's ServiceAccount),
              # not as the Deployment's pod: kwok nodes run no containers.
              "--set", "replicaCount=0")
+        wait_for_garbage_collector(local)
         yield local
     finally:
         local.stop()
+
+
+def wait_for_garbage_collector(cluster: LocalCluster) -> None:
+    """The garbage collector learns new kinds from discovery every 30 s; until it knows the CRD it
+    cannot collect an RTJ's children. Wait until it collects the dependent of a canary RTJ."""
+    ns = "gc-canary"
+    cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    owner = cluster.api("POST", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}",
+                        rtj_body("canary", ns))
+    ref = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "canary", "uid": owner["metadata"]["uid"]}
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/configmaps",
+                {"metadata": {"name": "dependent", "ownerReferences": [ref]}})
+    cluster.api("DELETE", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}/canary")
+    wait_until(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/dependent", missing_ok=True) is None,
+               timeout=90, what="the garbage collector to know ResilientTrainingJobs", interval=0.5)
+    cluster.api("DELETE", f"/api/v1/namespaces/{ns}")
 
 
 def helm(cluster: LocalCluster, *args: str) -> str:

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.skipif(not HELM.exists(), reason="run `make tools` (hel
 VALUE_SETS = {
     "default": [],
     "namespaced": ["--set", "watch.clusterWide=false", "--set", "watch.namespaces={team-a,team-b}"],
-    "everything": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "fsxCheck.enabled=true",
+    "everything": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+                   "--set", "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
+                   "--set", "fsxCheck.enabled=true",
                    "--set", "fsxCheck.region=us-west-2", "--set", "workerRBAC.namespaces={team-a}",
                    "--set", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/r"],
 }
@@ -140,9 +142,10 @@ def test_helm_install_and_kubectl_show_the_job(cluster, kube, ns, operator):
 
     releases = helm("list", "-A", "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
     assert '"name":"rtj-operator"' in releases.replace(" ", "")
-    example = (ROOT / "examples" / "rtj-local.yaml").read_text()
-    kubectl(cluster, "apply", "-n", ns, "-f", "-", input=example)
-    name = yaml.safe_load(example)["metadata"]["name"]
+    manifest = yaml.safe_load((ROOT / "examples" / "rtj-local.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    kubectl(cluster, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
+    name = manifest["metadata"]["name"]
     kubectl(cluster, "wait", "-n", ns, "--for=condition=Running", f"rtj/{name}", "--timeout=60s")
     table = kubectl(cluster, "get", "rtj", "-n", ns).stdout
     header, row = table.splitlines()[:2]

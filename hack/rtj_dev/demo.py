@@ -109,6 +109,11 @@ def run(example: Path) -> int:
         print(f"\nSame {len(after & before)} pods still running: the invalid edit changed nothing that ran.")
         demo.sh("kubectl", "describe", "rtj", "-n", ns, name)
         return 0
+    except Exception:
+        log_path = cluster.workdir / "logs" / "operator.log"  # type: ignore[operator]
+        if log_path.exists():
+            print("\n--- operator log (last lines) ---\n" + "\n".join(log_path.read_text().splitlines()[-30:]))
+        raise
     finally:
         if operator is not None:
             operator.terminate()

@@ -7,6 +7,7 @@ builds plain dicts (as kopf does), so it talks REST with the package's auth, TLS
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,13 +50,33 @@ def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token:
             config.api_key, config.api_key_prefix = {"BearerToken": token}, {"BearerToken": "Bearer"}
         client = kubernetes.client.ApiClient(config)
     else:
+        config = kubernetes.client.Configuration()
         try:
-            kubernetes.config.load_incluster_config()
+            kubernetes.config.load_incluster_config(client_configuration=config)
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
-        client = kubernetes.client.ApiClient()
+            # $KUBECONFIG as it is now (the package reads it once, at import).
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
+        _bearer_from_loader(config)
+        client = kubernetes.client.ApiClient(config)
     client.user_agent = user_agent  # audit logs tell the operator apart
     return client
+
+
+def _bearer_from_loader(config: kubernetes.client.Configuration) -> None:
+    """The config loaders store the token as api_key['authorization'] (refreshed by a hook for
+    in-cluster tokens, which the kubelet rotates), but requests authenticate with 'BearerToken':
+    without this, every call goes out anonymous (found on a real API server: HTTP 401)."""
+    loader_hook = config.refresh_api_key_hook
+
+    def hook(conf: kubernetes.client.Configuration) -> None:
+        if loader_hook is not None:
+            loader_hook(conf)
+        token = conf.api_key.get("authorization")
+        if token:
+            conf.api_key["BearerToken"] = token  # already "Bearer <token>"
+
+    config.refresh_api_key_hook = hook
+    hook(config)
 
 
 def _selector(labels: dict[str, str]) -> str:

@@ -167,7 +167,8 @@ class _Pass:
             ok, reason, message = storage_check(rtj)
             self.cond(conditions.STORAGE_READY, ok, reason, message)
             if not ok:
-                if self.old.get("phase") != "Pending" or not self._cond_is(conditions.STORAGE_READY, reason):
+                previous = conditions.get_condition(self.old.get("conditions") or [], conditions.STORAGE_READY)
+                if (previous or {}).get("reason") != reason:
                     self.event("Warning", reason, message)
                 self.status["phase"] = "Pending"
                 self.cond(CREATED, False, reason, "waiting for storage: " + message)
