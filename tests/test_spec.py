@@ -78,3 +78,43 @@ def test_reserved_env_is_exactly_what_the_job_sets():
     job = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0)))
     names = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert names == RESERVED_ENV
+
+
+def test_defaults_follow_the_nvrx_reference_fault_schedule():
+    res = with_defaults({"image": "x", "nodes": {"count": 2}})["resiliency"]
+    assert res["maxLauncherRestarts"] == 20 and res["inProcessRestart"]["maxIterations"] == 5
+    assert res["ncclTimeoutSeconds"] < res["inProcessRestart"]["softTimeoutSeconds"]
+    assert semantic_errors(RTJ.from_body(rtj_body())) == []
+
+
+@pytest.mark.parametrize("resiliency, fragment", [
+    ({"ncclTimeoutSeconds": 60}, "resiliency.ncclTimeoutSeconds (60) must be less than "
+                                 "resiliency.inProcessRestart.softTimeoutSeconds (60); timeouts must grow in the "
+                                 "order ncclTimeoutSeconds < softTimeoutSeconds < hardTimeoutSeconds < "
+                                 "heartbeatTimeoutSeconds < initialHeartbeatTimeoutSeconds"),
+    ({"inProcessRestart": {"softTimeoutSeconds": 600, "hardTimeoutSeconds": 1000}},
+     "resiliency.inProcessRestart.hardTimeoutSeconds (1000) must be less than resiliency.heartbeatTimeoutSeconds"),
+    ({"heartbeatTimeoutSeconds": 1500}, "resiliency.heartbeatTimeoutSeconds (1500) must be less than "
+                                        "resiliency.initialHeartbeatTimeoutSeconds (1200)"),
+    ({"inProcessRestart": {"enabled": False}, "ncclTimeoutSeconds": 1000},
+     "must be less than resiliency.heartbeatTimeoutSeconds (900); timeouts must grow in the order "
+     "ncclTimeoutSeconds < heartbeatTimeoutSeconds"),
+    ({"rendezvousPort": 40000}, "ports 40000..40002 overlap the Linux ephemeral range"),
+    ({"rendezvousPort": 32767}, "ports 32767..32769 overlap"),
+])
+def test_timeouts_must_grow_from_nccl_to_the_initial_heartbeat_and_ports_avoid_ephemeral(resiliency, fragment):
+    errors = semantic_errors(RTJ.from_body(rtj_body(resiliency=resiliency)))
+    assert any(fragment in e for e in errors), errors
+
+
+def test_rendezvous_port_leaves_room_for_the_two_derived_ports():
+    assert any("65534 is greater than the maximum of 65533" in e
+               for e in schema_errors(rtj_body(resiliency={"rendezvousPort": 65534})))
+
+
+def test_user_env_must_keep_what_nvrx_in_process_restart_requires():
+    errors = semantic_errors(RTJ.from_body(rtj_body(env=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}])))
+    assert any("NCCL_NVLS_ENABLE must be '0' with in-process restart" in e for e in errors), errors
+    off = rtj_body(env=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}],
+                   resiliency={"inProcessRestart": {"enabled": False}})
+    assert semantic_errors(RTJ.from_body(off)) == []
