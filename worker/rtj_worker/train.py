@@ -173,7 +173,7 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
                 set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
             elif ckpt.load_failed:  # a failed load may have overwritten part of the initial state
                 model, opt = fresh(args, device, world)
-        events.emit("start", rank=rank, step=start, iteration=iteration, world_size=world)
+        events.emit("start", rank=rank, step=start, iteration=iteration, world_size=world, backend=backend)
         loss = torch.tensor(0.0)
         for step in range(start, args.steps):
             with section("step"):
