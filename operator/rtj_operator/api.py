@@ -178,7 +178,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 "intervalSteps": _int(100, 1, 10_000_000, "Save every N steps."),
                 "dir": _str("Directory under the storage mountPath; defaults to the job name."),
                 "async": {"type": "boolean", "default": True,
-                          "description": "Save with TorchAsyncCheckpoint (off: synchronous torch.save)."},
+                          "description": "Save sharded state asynchronously (torch.distributed.checkpoint "
+                                         "async_save: staged to host memory, written in the background; "
+                                         "off: written in the training loop)."},
                 "keep": _int(3, 1, 1000, "Complete checkpoints to keep."),
             },
             default={},
