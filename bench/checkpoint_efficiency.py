@@ -93,7 +93,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="rtj-ckpt-bench-"))
 
     # Calibrate: the write time of one checkpoint when nothing else runs.
-    write_seconds, _ = run(root / "calibrate", model, opt, 1, 1, False, 0.0)
+    write_seconds, _ = run(root / "calibrate", model, opt, 2, 1, False, 0.0)  # one save, at step 1
     size_mb = sum(f.stat().st_size for f in (root / "calibrate").rglob("*.distcp")) / 1e6
     print(f"Checkpoint efficiency on CPU: FSDP2 state {size_mb:.0f} MB, volume throttled to {args.bandwidth:g} MB/s "
           f"with fsync; one synchronous save = {write_seconds:.2f} s; step = {args.step_seconds:g} s of "

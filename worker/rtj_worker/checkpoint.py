@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from . import ckpt_index
 from .ckpt_index import step_dir
@@ -74,6 +75,7 @@ class Checkpointer:
         self.io_group: dist.ProcessGroup | None = None
         self._token = "0"
         self._pending: tuple[int, Path, Future] | None = None
+        self._stager: DefaultStager | None = None
         self.save_seconds = 0.0  # time the training loop spent blocked in save()
         self.load_failed = False  # a load was attempted and failed: the state may be partly overwritten
 
@@ -95,7 +97,14 @@ class Checkpointer:
         self.finalize()  # the previous save must be committed (or dropped) before the next one starts
         tmp = ckpt_index.tmp_dir(self.root, self.uid, self._token, step)
         if self.use_async:
-            future = dcp.async_save(state, storage_writer=self._writer(tmp), process_group=self.io_group)
+            if self._stager is None:
+                # One stager for the job: it keeps its host copies (pinned on GPU nodes) between saves
+                # instead of allocating the whole state again at every save.
+                cuda = torch.cuda.is_available()
+                self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                            use_async_staging=False, use_non_blocking_copy=cuda))
+            future = dcp.async_save(state, storage_writer=self._writer(tmp), process_group=self.io_group,
+                                    async_stager=self._stager)
             self._pending = (step, tmp, future)
         else:
             ok = True
@@ -141,6 +150,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self.abandon()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def _commit(self, step: int, tmp: Path, ok: bool) -> None:
         if not agree_min(int(ok), self.group):

@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank{os.environ.get('RANK', '?')} %(levelname)s %(message)s")
     launcher_rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    node_rank = int(os.environ.get("NODE_RANK", 0))
+    # NODE_RANK: the Job's completion index (the operator); GROUP_RANK: torch elastic's, outside it.
+    node_rank = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
