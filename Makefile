@@ -41,7 +41,7 @@ WORKER_TESTS := tests/test_worker.py tests/test_checkpoint.py
 
 nvrx06: $(NVRX06_DIR)/.installed
 
-$(NVRX06_DIR)/.installed: setup
+$(NVRX06_DIR)/.installed: | $(VENV)/.installed  # pinned: independent of the venv's contents
 	rm -rf $(NVRX06_DIR)
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_x86_64 --python-version 3.11 \
 		--target $(NVRX06_DIR) nvidia-resiliency-ext==0.6.0
@@ -52,7 +52,7 @@ test-worker: setup ## The worker's tests against the venv's NVRx (0.4.1)
 	PYTHONPATH=operator:worker $(PY) -m pytest $(WORKER_TESTS)
 
 test-worker-nvrx06: nvrx06 ## The worker's tests against NVRx 0.6
-	PYTHONPATH=$(NVRX06_DIR):operator:worker PATH=$(abspath $(NVRX06_DIR))/bin:$$PATH $(PY) -m pytest $(WORKER_TESTS)
+	PYTHONPATH=$(NVRX06_DIR):operator:worker $(PY) -m pytest $(WORKER_TESTS)
 
 bench: bench-operator bench-worker bench-checkpoint
 
