@@ -85,11 +85,13 @@ def test_defaults_follow_the_nvrx_reference_fault_schedule():
     assert res["maxLauncherRestarts"] == 20 and res["inProcessRestart"]["maxIterations"] == 5
     assert res["ncclTimeoutSeconds"] < res["inProcessRestart"]["softTimeoutSeconds"]
     assert semantic_errors(RTJ.from_body(rtj_body())) == []
+    # The default in-process timeouts leave heartbeat timeouts down to 60 s valid.
+    assert semantic_errors(RTJ.from_body(rtj_body(resiliency={"heartbeatTimeoutSeconds": 60}))) == []
 
 
 @pytest.mark.parametrize("resiliency, fragment", [
-    ({"ncclTimeoutSeconds": 60}, "resiliency.ncclTimeoutSeconds (60) must be less than "
-                                 "resiliency.inProcessRestart.softTimeoutSeconds (60); timeouts must grow in the "
+    ({"ncclTimeoutSeconds": 45}, "resiliency.ncclTimeoutSeconds (45) must be less than "
+                                 "resiliency.inProcessRestart.softTimeoutSeconds (45); timeouts must grow in the "
                                  "order ncclTimeoutSeconds < softTimeoutSeconds < hardTimeoutSeconds < "
                                  "heartbeatTimeoutSeconds < initialHeartbeatTimeoutSeconds"),
     ({"inProcessRestart": {"softTimeoutSeconds": 600, "hardTimeoutSeconds": 1000}},

@@ -134,10 +134,13 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                          "because a peer failed is not charged. 5 as in the "
                                                          "NVRx reference (FaultCounter(max_rank_faults=5)), "
                                                          "so its 5-fault schedule is recovered in process."),
-                        "softTimeoutSeconds": _int(60, 1, 3600, "Progress watchdog soft timeout. Must exceed "
+                        "softTimeoutSeconds": _int(45, 1, 3600, "Progress watchdog soft timeout. Must exceed "
                                                                 "resiliency.ncclTimeoutSeconds."),
-                        "hardTimeoutSeconds": _int(90, 1, 7200, "Progress watchdog hard timeout. Must be below "
-                                                                "resiliency.heartbeatTimeoutSeconds."),
+                        "hardTimeoutSeconds": _int(55, 1, 7200, "Progress watchdog hard timeout. Must be below "
+                                                                "resiliency.heartbeatTimeoutSeconds (defaults "
+                                                                "leave room for heartbeat timeouts down to 60 s; "
+                                                                "the NVRx reference runs 60/300/600/900/1200 for "
+                                                                "NCCL/soft/hard/heartbeat/initial)."),
                     },
                     default={},
                 ),

@@ -76,8 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--inprocess-max-faults", type=int, default=env_int("RTJ_INPROCESS_MAX_ITERATIONS", 5),
                         help="Faults this rank may cause (exceptions of its own, not a peer's) before it "
                              "exits and ft_launcher takes over.")
-    parser.add_argument("--soft-timeout", type=float, default=env_int("RTJ_INPROCESS_SOFT_TIMEOUT", 60))
-    parser.add_argument("--hard-timeout", type=float, default=env_int("RTJ_INPROCESS_HARD_TIMEOUT", 90))
+    parser.add_argument("--soft-timeout", type=float, default=env_int("RTJ_INPROCESS_SOFT_TIMEOUT", 45))
+    parser.add_argument("--hard-timeout", type=float, default=env_int("RTJ_INPROCESS_HARD_TIMEOUT", 55))
     parser.add_argument("--fault", type=Fault.parse, action="append", default=[],
                         help="Inject RANK:STEP:KIND (exc|sigkill|hang|nan); repeatable.")
     parser.add_argument("--pg-timeout", type=float, default=float(os.environ.get("RTJ_NCCL_TIMEOUT", 0)) or None,
