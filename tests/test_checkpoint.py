@@ -138,14 +138,17 @@ def test_truncated_shard_falls_back_to_older(tmp_path, group):
     assert ckpt.load_latest(loaded) == 10 and float(loaded["model"]["w"][0]) == 10.0
 
 
-def test_corrupt_shard_of_the_right_size_is_detected_on_load(tmp_path, group):
-    ckpt = make(tmp_path)
+def test_corrupt_shard_of_the_right_size_is_detected_on_load_and_never_kept_instead_of_a_good_step(tmp_path, group):
+    ckpt = make(tmp_path, keep=2)
     ckpt.save(10, state(10))
     ckpt.save(20, state(20))
     shard = next(step_dir(tmp_path, 20).glob("*.distcp"))
     shard.write_bytes(b"\xff" * shard.stat().st_size)
     loaded = blank()
     assert ckpt.load_latest(loaded) == 10 and float(loaded["model"]["w"][0]) == 10.0
+    assert complete_steps(tmp_path, "job-a") == [10]
+    ckpt.save(30, state(30))  # keep=2 keeps 30 and 10 (the two that load), drops the unloadable 20
+    assert complete_steps(tmp_path, "job-a") == [30, 10] and not step_dir(tmp_path, 20).exists()
 
 
 def test_partial_step_without_marker_is_skipped(tmp_path, group):

@@ -194,5 +194,10 @@ class Checkpointer:
                 if agree_min(ok, self.group):
                     return candidate
                 self.load_failed = True
+                if self.rank == 0:  # so that pruning never keeps it in place of a step that loads
+                    try:
+                        ckpt_index.mark_unloadable(self.root, candidate)
+                    except OSError as exc:
+                        log.warning("could not mark step %d unloadable: %s", candidate, exc)
             log.warning("checkpoint step %d is not loadable on every rank; trying an older one", candidate)
             bound = candidate

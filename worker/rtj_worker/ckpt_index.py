@@ -24,6 +24,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 MARKER = "COMPLETE"
+# Left by rank 0 when every rank agreed that a committed step does not load: never tried or kept again.
+BAD = "UNLOADABLE"
 ITERATION_FILE = "latest_checkpointed_iteration.txt"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -59,6 +61,8 @@ def read_marker(path: Path, uid: str | None = None) -> dict[str, Any] | None:
     """The marker of a committed step directory if it is whole, ours and matches the files on disk."""
     match = _STEP_RE.match(path.name)
     if not match:
+        return None
+    if (path / BAD).exists():
         return None
     try:
         meta = json.loads((path / MARKER).read_text())
@@ -126,8 +130,13 @@ def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int) -> Path:
     return final
 
 
+def mark_unloadable(root: Path, step: int) -> None:
+    write_durable(step_dir(root, step) / BAD, "")
+
+
 def prune(root: Path, keep: int, uid: str) -> None:
-    """Keep this job's `keep` newest whole steps; never touch another job's files."""
+    """Keep this job's `keep` newest whole steps, not counting any marked unloadable (those go too);
+    never touch another job's files."""
     ours = complete_steps(root, uid)
     kept = set(ours[:keep])
     for step in ours:
@@ -144,3 +153,11 @@ def prune(root: Path, keep: int, uid: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
     for path in root.glob(".old-*"):
         shutil.rmtree(path, ignore_errors=True)
+    for path in root.glob(f"step-*/{BAD}"):
+        meta = path.parent / MARKER
+        try:
+            owner = json.loads(meta.read_text()).get("uid", "")
+        except (OSError, ValueError, AttributeError):
+            owner = None
+        if owner == uid:
+            shutil.rmtree(path.parent, ignore_errors=True)
