@@ -97,6 +97,16 @@ def test_in_process_restart_before_the_first_checkpoint_starts_from_the_initial_
     assert run_.result() == clean_run  # not the weights trained during steps 0-4 again from step 0
 
 
+def test_exception_while_a_save_is_in_flight_resumes_from_the_last_committed_step(tmp_path, clean_run):
+    """Step 30's save is still being written when rank 1 fails: it is never committed, and no rank
+    waits for its writer (blocked in a collective with the failed peer) before the next iteration."""
+    run_ = launch(tmp_path, "--fault", "1:30:exc")
+    assert run_.code == 0, run_.log[-3000:]
+    second = run_.starts()[2:]
+    assert [e["iteration"] for e in second] == [1, 1] and {e["step"] for e in second} == {20}
+    assert run_.result() == clean_run
+
+
 def test_sigkill_is_recovered_by_ft_launcher_respawn(tmp_path, clean_run):
     run_ = launch(tmp_path, "--fault", "1:25:sigkill")
     assert run_.code == 0, run_.log[-3000:]

@@ -16,6 +16,8 @@ and reports a failed write through its future, which the commit protocol below r
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import logging
 import shutil
 import time
@@ -79,12 +81,13 @@ class Checkpointer:
         self.save_seconds = 0.0  # time the training loop spent blocked in save()
         self.load_failed = False  # a load was attempted and failed: the state may be partly overwritten
 
-    def attach(self, group: dist.ProcessGroup | None = None) -> None:
+    def attach(self, group: dist.ProcessGroup | None = None, timeout: datetime.timedelta | None = None) -> None:
         """Collective, once per process group: DCP needs a CPU (gloo) group; its background thread
-        gets a group of its own so that its collectives never interleave with the training loop's."""
+        gets a group of its own so that its collectives never interleave with the training loop's.
+        `timeout` bounds how long a rank that finished writing waits for the slowest one."""
         self.group = group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self.io_group = dist.new_group(backend="gloo")
+        self.io_group = dist.new_group(backend="gloo", timeout=timeout)
         token = [uuid.uuid4().hex[:8] if self.rank == 0 else None]
         dist.broadcast_object_list(token, src=0, group=self.io_group)
         self._token = str(token[0])  # fresh temporary directories for every attachment
@@ -138,18 +141,20 @@ class Checkpointer:
             ok = False
         self._commit(step, tmp, ok)
 
-    def abandon(self, timeout: float = 30.0) -> None:
-        """After a fault: commit nothing (peers may not have written theirs). Waits, bounded, for the
-        local writer so that it does not write into the next iteration's files."""
+    def abandon(self, timeout: float = 0.0) -> None:
+        """After a fault: commit nothing (peers may not have written theirs) and do not wait for the
+        writer either: it may be blocked in a collective with a failed peer, and waiting would keep
+        this rank from the next iteration's rendezvous. It writes into a temporary directory that
+        nothing will commit (attach() gives every iteration new ones) and fails once its process
+        group is destroyed."""
         if self._pending is not None:
-            try:
-                self._pending[2].result(timeout=timeout)
-            except FAILURES:
-                pass
+            if timeout > 0:
+                with contextlib.suppress(*FAILURES):
+                    self._pending[2].result(timeout=timeout)
             self._pending = None
 
     def close(self) -> None:
-        self.abandon()
+        self.abandon(timeout=60.0)
         if self._stager is not None:
             self._stager.close()
             self._stager = None

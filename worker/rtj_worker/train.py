@@ -162,7 +162,8 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
                             timeout=datetime.timedelta(seconds=timeout))
     try:
         with section("setup"):
-            ckpt.attach()
+            # A save's ranks wait for the slowest writer: bound it like a checkpointing section.
+            ckpt.attach(timeout=datetime.timedelta(seconds=float(os.environ.get("RTJ_FT_HEARTBEAT_TIMEOUT", 900))))
             # Built anew every iteration: a restart must never keep weights trained since the last
             # checkpoint (nor FSDP state bound to the previous iteration's process group).
             model, opt = fresh(args, device, world)
