@@ -95,7 +95,7 @@ def efficiency_table(root: Path, args: argparse.Namespace) -> None:
     print(f"|{'-' * 16}|{'-' * 7}|{'-' * 10}|{'-' * 12}|")
     print(f"| {'none':<14} | {'-':>5} | {base * 1000:>8.1f} | {'100.0%':>10} |")
     for interval in (5, 20):
-        for mode, sync in (("async (NVRx)", False), ("sync", True)):
+        for mode, sync in (("async (DCP)", False), ("sync", True)):
             step = statistics.median(loop_seconds(root / f"{mode[:4]}-{interval}-{i}", args.steps, interval, sync,
                                                   args.model_dim, ranks) for i in range(args.repeats))
             print(f"| {mode:<14} | {interval:>5} | {step * 1000:>8.1f} | {base / step:>9.1%} |")

@@ -156,3 +156,33 @@ def test_an_absolute_checkpoint_dir_inside_the_mount_is_used_as_is():
     assert env["RTJ_CHECKPOINT_DIR"] == "/checkpoints/shared/run-7"
     assert env_of(build_job(rtj(checkpoint={"dir": "shared/run-7"})))["RTJ_CHECKPOINT_DIR"] \
         == "/checkpoints/shared/run-7"
+
+
+def test_gpu_pods_get_nvrx_nccl_efa_env_ipc_lock_and_cpu_memory_requests():
+    job = build_job(rtj())
+    env, container = env_of(job), job["spec"]["template"]["spec"]["containers"][0]
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
+    assert env["RDMAV_FORK_SAFE"] == "1" and env["FI_EFA_FORK_SAFE"] == "1" and env["FI_PROVIDER"] == "efa"
+    assert env["NCCL_TUNER_PLUGIN"] == "/opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so"
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert container["resources"]["requests"] == {"cpu": "160", "memory": "1600Gi", GPU: "8", EFA: "32"}
+    user = build_job(rtj(env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]))
+    assert env_of(user)["NCCL_SOCKET_IFNAME"] == "eth0"  # the user's value, once
+    assert [e["name"] for e in user["spec"]["template"]["spec"]["containers"][0]["env"]].count(
+        "NCCL_SOCKET_IFNAME") == 1
+
+
+def test_cpu_pods_get_no_nccl_env_or_ipc_lock():
+    job = build_job(rtj(gpusPerNode=0, efaPerNode=0))
+    assert "NCCL_NVLS_ENABLE" not in env_of(job)
+    assert "securityContext" not in job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_job_env_carries_uid_nccl_timeout_and_no_progress_limit_and_reserves_three_ports():
+    job = build_job(rtj(resiliency={"ncclTimeoutSeconds": 20, "maxNoProgressCycles": 4}))
+    env = env_of(job)
+    assert env["RTJ_UID"] == "uid-train" and env["RTJ_NCCL_TIMEOUT"] == "20"
+    assert env["RTJ_FT_MAX_NO_PROGRESS_CYCLES"] == "4"
+    ports = job["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert [(p["name"], p["containerPort"]) for p in ports] == [
+        ("rendezvous", 29400), ("store", 29401), ("inprocess-store", 29402)]

@@ -109,7 +109,7 @@ def test_a_dns_1035_name_is_accepted():
     assert errors_of("llama-70b-run2") == []
 
 
-@pytest.mark.parametrize("port, ok", [(65532, True), (65533, False), (65535, False)])
+@pytest.mark.parametrize("port, ok", [(65533, True), (65534, False), (65535, False)])
 def test_rendezvous_port_leaves_room_for_the_derived_ports(port, ok):
     errors = errors_of(resiliency={"rendezvousPort": port})
     assert (errors == []) == ok, errors
@@ -326,3 +326,45 @@ def test_service_account_allow_list_is_enforced():
     assert "serviceAccountName 'admin' is not allowed" in check("admin")[0]
     assert "'default' is not allowed" in check(None)[0]  # no serviceAccountName: the namespace's default
     assert semantic_errors(RTJ.from_body(rtj_body(serviceAccountName="admin"))) == []  # no list: no limit
+
+
+def test_defaults_follow_the_nvrx_reference_fault_schedule():
+    res = with_defaults({"image": "x", "nodes": {"count": 2}})["resiliency"]
+    assert res["maxLauncherRestarts"] == 20 and res["inProcessRestart"]["maxIterations"] == 5
+    assert res["ncclTimeoutSeconds"] < res["inProcessRestart"]["softTimeoutSeconds"]
+    assert semantic_errors(RTJ.from_body(rtj_body())) == []
+    # The default in-process timeouts leave heartbeat timeouts down to 60 s valid.
+    assert semantic_errors(RTJ.from_body(rtj_body(resiliency={"heartbeatTimeoutSeconds": 60}))) == []
+
+
+@pytest.mark.parametrize("resiliency, fragment", [
+    ({"ncclTimeoutSeconds": 45}, "resiliency.ncclTimeoutSeconds (45) must be less than "
+                                 "resiliency.inProcessRestart.softTimeoutSeconds (45); timeouts must grow in the "
+                                 "order ncclTimeoutSeconds < softTimeoutSeconds < hardTimeoutSeconds < "
+                                 "heartbeatTimeoutSeconds < initialHeartbeatTimeoutSeconds"),
+    ({"inProcessRestart": {"softTimeoutSeconds": 600, "hardTimeoutSeconds": 1000}},
+     "resiliency.inProcessRestart.hardTimeoutSeconds (1000) must be less than resiliency.heartbeatTimeoutSeconds"),
+    ({"heartbeatTimeoutSeconds": 1500}, "resiliency.heartbeatTimeoutSeconds (1500) must be less than "
+                                        "resiliency.initialHeartbeatTimeoutSeconds (1200)"),
+    ({"inProcessRestart": {"enabled": False}, "ncclTimeoutSeconds": 1000},
+     "must be less than resiliency.heartbeatTimeoutSeconds (900); timeouts must grow in the order "
+     "ncclTimeoutSeconds < heartbeatTimeoutSeconds"),
+    ({"rendezvousPort": 40000}, "ports 40000..40002 overlap the Linux ephemeral range"),
+    ({"rendezvousPort": 32767}, "ports 32767..32769 overlap"),
+])
+def test_timeouts_must_grow_from_nccl_to_the_initial_heartbeat_and_ports_avoid_ephemeral(resiliency, fragment):
+    errors = semantic_errors(RTJ.from_body(rtj_body(resiliency=resiliency)))
+    assert any(fragment in e for e in errors), errors
+
+
+def test_rendezvous_port_leaves_room_for_the_two_derived_ports():
+    assert any("65534 is greater than the maximum of 65533" in e
+               for e in schema_errors(rtj_body(resiliency={"rendezvousPort": 65534})))
+
+
+def test_user_env_must_keep_what_nvrx_in_process_restart_requires():
+    errors = semantic_errors(RTJ.from_body(rtj_body(env=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}])))
+    assert any("NCCL_NVLS_ENABLE must be '0' with in-process restart" in e for e in errors), errors
+    off = rtj_body(env=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}],
+                   resiliency={"inProcessRestart": {"enabled": False}})
+    assert semantic_errors(RTJ.from_body(off)) == []

@@ -54,9 +54,9 @@ _QUANTITY = QUANTITY
 # The RTJ name is the Service name (a DNS-1035 label) and, as '<name>-<index>', every pod's hostname
 # (a DNS-1123 label of at most 63 characters, index < 1024).
 MAX_NAME_LENGTH = 63 - len("-1023")
-# Ports a gang uses: rendezvousPort (c10d), +1 (MASTER_PORT, the launcher's store), +2 (the
-# training script's store) and +3 (the in-process wrapper's store); see worker/rtj_worker/train.py.
-RENDEZVOUS_PORTS = 4
+# Ports a gang uses: rendezvousPort (c10d), +1 (the training script's store) and +2 (the in-process
+# wrapper's store); see worker/rtj_worker/ranks.py.
+RENDEZVOUS_PORTS = 3
 # The worker container's name (builders/job.py), the only container an env resourceFieldRef may name.
 CONTAINER_NAME = "worker"
 
@@ -310,20 +310,50 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     {
                         "enabled": {"type": "boolean", "default": True,
                                     "description": "Wrap the step function in inprocess.Wrapper."},
-                        "maxIterations": _int(3, 0, 100, "In-process restarts before the rank exits "
-                                                         "and ft_launcher takes over."),
-                        "softTimeoutSeconds": _int(60, 1, 3600, "Progress watchdog soft timeout."),
-                        "hardTimeoutSeconds": _int(90, 1, 7200, "Progress watchdog hard timeout."),
+                        "maxIterations": _int(5, 0, 100, "Faults a rank may cause itself (exceptions raised by "
+                                                         "its own code) before it exits and ft_launcher takes "
+                                                         "over. A healthy rank whose collective timed out "
+                                                         "because a peer failed is not charged. 5 as in the "
+                                                         "NVRx reference (FaultCounter(max_rank_faults=5)), "
+                                                         "so its 5-fault schedule is recovered in process."),
+                        "softTimeoutSeconds": _int(45, 1, 3600, "Progress watchdog soft timeout. Must exceed "
+                                                                "resiliency.ncclTimeoutSeconds."),
+                        "hardTimeoutSeconds": _int(55, 1, 7200, "Progress watchdog hard timeout. Must be below "
+                                                                "resiliency.heartbeatTimeoutSeconds (defaults "
+                                                                "leave room for heartbeat timeouts down to 60 s; "
+                                                                "the NVRx reference runs 60/300/600/900/1200 for "
+                                                                "NCCL/soft/hard/heartbeat/initial)."),
                     },
                     default={},
                 ),
-                "maxLauncherRestarts": _int(3, 0, 100, "ft_launcher worker-group restarts per pod."),
-                "heartbeatTimeoutSeconds": _int(900, 1, 86400, "Rank heartbeat timeout."),
-                "initialHeartbeatTimeoutSeconds": _int(1200, 1, 86400, "Timeout for the first heartbeat."),
+                "maxLauncherRestarts": _int(20, 0, 100, "ft_launcher worker-group restarts per pod. 20 as in "
+                                                        "the NVRx reference (ft_launcher --max-restarts=20): "
+                                                        "every hard fault (a rank killed, hung or over its "
+                                                        "in-process fault count) on any node restarts the "
+                                                        "worker group of every node, so each pod spends one "
+                                                        "restart per hard fault anywhere in the job."),
+                "heartbeatTimeoutSeconds": _int(900, 1, 86400, "Rank heartbeat timeout (and, with NVRx 0.6, "
+                                                               "the step and checkpointing section timeout). "
+                                                               "Must exceed the in-process hard timeout, or "
+                                                               "ft_launcher kills ranks the in-process layer "
+                                                               "is still recovering."),
+                "initialHeartbeatTimeoutSeconds": _int(1200, 1, 86400, "Timeout for the first heartbeat (and, "
+                                                                       "with NVRx 0.6, the setup section). "
+                                                                       "Must exceed heartbeatTimeoutSeconds."),
                 "monitorIntervalSeconds": _int(5, 1, 3600, "Rank monitor check interval."),
+                "ncclTimeoutSeconds": _int(30, 1, 3600, "Collective (NCCL) timeout of the training process "
+                                                        "group: how long a healthy rank blocks in a collective "
+                                                        "with a failed peer. Must be below the in-process soft "
+                                                        "timeout so the rank raises and restarts in process "
+                                                        "before the watchdog declares it hung (order: NCCL < "
+                                                        "soft < hard < heartbeat < initial heartbeat)."),
+                "maxNoProgressCycles": _int(3, 0, 100, "NVRx 0.6: ft_launcher stops restarting (the pod fails "
+                                                       "permanently) after this many consecutive restart "
+                                                       "cycles without a newer committed checkpoint; 0 "
+                                                       "disables. Ignored by NVRx 0.4."),
                 "rendezvousPort": _int(29400, 1024, 65536 - RENDEZVOUS_PORTS,
-                                       f"c10d rendezvous port on node 0; the gang also uses the "
-                                       f"{RENDEZVOUS_PORTS - 1} ports above it."),
+                                       "c10d rendezvous port P on node 0; the training store uses P+1 and "
+                                       "inprocess.Wrapper's store P+2, so all three must be free."),
                 "rendezvousTimeoutSeconds": _int(600, 10, 7200, "How long a pod waits for peer DNS."),
             },
             default={},
@@ -336,7 +366,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                             **{"x-kubernetes-validations": [
                                 _cel(r"!self.matches(r'(^|/)\.\.(/|$)')", "checkpoint.dir must not contain '..'")]}),
                 "async": {"type": "boolean", "default": True,
-                          "description": "Save with TorchAsyncCheckpoint (off: synchronous torch.save)."},
+                          "description": "Save sharded state asynchronously (torch.distributed.checkpoint "
+                                         "async_save: staged to host memory, written in the background; "
+                                         "off: written in the training loop)."},
                 "keep": _int(3, 1, 1000, "Complete checkpoints to keep."),
             },
             default={},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
@@ -182,6 +183,13 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     if ipr["softTimeoutSeconds"] >= ipr["hardTimeoutSeconds"]:
         errors.append(f"resiliency.inProcessRestart.softTimeoutSeconds ({ipr['softTimeoutSeconds']}) must "
                       f"be less than hardTimeoutSeconds ({ipr['hardTimeoutSeconds']})")
+    errors += _timeout_order_errors(res)
+    port = res["rendezvousPort"]
+    if EPHEMERAL_PORTS[0] <= port + 2 and port <= EPHEMERAL_PORTS[1]:
+        errors.append(f"resiliency.rendezvousPort ({port}): ports {port}..{port + 2} overlap the Linux ephemeral "
+                      f"range {EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]}, where any process's outgoing connection "
+                      "or the launcher's own free-port choice may take them; use one below "
+                      f"{EPHEMERAL_PORTS[0] - 2}")
     storage = spec["storage"]
     claim, sc = storage.get("existingClaim"), storage.get("storageClassName")
     if bool(claim) == bool(sc):
@@ -206,6 +214,37 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     errors += _placement_errors(spec["placement"])
     errors += _resources_errors(spec.get("resources") or {})
     errors += _service_account_errors(rtj, allowed_service_accounts)
+    if ipr["enabled"]:
+        for env in spec.get("env") or []:
+            required = NVRX_INPROCESS_ENV.get(env.get("name"))
+            if required is not None and env.get("value") != required:
+                errors.append(f"env {env.get('name')} must be {required!r} with in-process restart "
+                              f"(NVRx known issue), got {env.get('value')!r}")
+    return errors
+
+
+# Linux's default net.ipv4.ip_local_port_range.
+EPHEMERAL_PORTS = (32768, 60999)
+# What NVRx's in-process restart requires of NCCL (see builders/job.py).
+NVRX_INPROCESS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+
+
+def _timeout_order_errors(res: dict[str, Any]) -> list[str]:
+    """NCCL < in-process soft < hard < heartbeat < initial heartbeat: each layer must give up before
+    the one above it steps in, or the cheaper recovery never gets its chance."""
+    ipr = res["inProcessRestart"]
+    chain = [("resiliency.ncclTimeoutSeconds", res["ncclTimeoutSeconds"])]
+    if ipr["enabled"]:
+        chain += [("resiliency.inProcessRestart.softTimeoutSeconds", ipr["softTimeoutSeconds"]),
+                  ("resiliency.inProcessRestart.hardTimeoutSeconds", ipr["hardTimeoutSeconds"])]
+    chain += [("resiliency.heartbeatTimeoutSeconds", res["heartbeatTimeoutSeconds"]),
+              ("resiliency.initialHeartbeatTimeoutSeconds", res["initialHeartbeatTimeoutSeconds"])]
+    order = " < ".join(name.rsplit(".", 1)[1] for name, _ in chain)
+    errors = []
+    for (lower, low), (upper, high) in itertools.pairwise(chain):
+        if low >= high and not (lower.endswith("softTimeoutSeconds") and upper.endswith("hardTimeoutSeconds")):
+            errors.append(f"{lower} ({low}) must be less than {upper} ({high}); timeouts must grow in the "
+                          f"order {order}")
     return errors
 
 
@@ -425,5 +464,6 @@ RESERVED_ENV = frozenset({
     "RTJ_CHECKPOINT_DIR", "RTJ_CHECKPOINT_INTERVAL", "RTJ_CHECKPOINT_ASYNC", "RTJ_CHECKPOINT_KEEP",
     "RTJ_FT_HEARTBEAT_TIMEOUT", "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT", "RTJ_FT_MONITOR_INTERVAL",
     "RTJ_FT_MAX_RESTARTS", "RTJ_INPROCESS_ENABLED", "RTJ_INPROCESS_MAX_ITERATIONS",
-    "RTJ_INPROCESS_SOFT_TIMEOUT", "RTJ_INPROCESS_HARD_TIMEOUT",
+    "RTJ_INPROCESS_SOFT_TIMEOUT", "RTJ_INPROCESS_HARD_TIMEOUT", "RTJ_UID", "RTJ_NCCL_TIMEOUT",
+    "RTJ_FT_MAX_NO_PROGRESS_CYCLES",
 })

@@ -1,13 +1,18 @@
 """`rtj-worker -- python -m rtj_worker.train ...`: what each pod of a ResilientTrainingJob runs.
 
 Reads the environment the operator sets (builders/job.py), waits (bounded) until node 0's DNS
-name resolves, then runs ft_launcher with the matching flags. Signals are passed through. The
-exit code and /dev/termination-log tell the operator what happened (rtj_worker.exit_codes):
+name resolves, then runs ft_launcher with the flags of the installed NVRx (rtj_worker.launch).
+Signals are passed through. The exit code and /dev/termination-log tell the operator what
+happened (rtj_worker.exit_codes):
 
 - 0: training finished;
-- 64 CONFIG_ERROR / 65 PERMANENT_FAILURE: no restart can help (fails the RTJ fast);
-- 70 LAUNCHER_BUDGET_EXHAUSTED: ranks kept failing and ft_launcher spent its restarts here;
-- 71 RENDEZVOUS_FAILED: peers never resolved or never joined (the operator restarts the gang).
+- 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
+- 65 PERMANENT_FAILURE: the script asked to stop for good, or NVRx 0.6's progress tracker refused
+  further restarts (no checkpoint progress over --ft-max-no-progress-cycles restarts);
+- 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
+- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started.
+
+No torch import here (about 6 s at every pod start): checkpoint steps come from ckpt_index.
 """
 
 from __future__ import annotations
@@ -15,103 +20,30 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import exit_codes
-from .checkpoint import complete_steps
+from .ckpt_index import latest_step
+from .launch import (
+    NO_PROGRESS_LINE,
+    RENDEZVOUS_DONE_LINES,
+    ConfigError,
+    LaunchConfig,
+    launcher_argv,
+    launcher_env,
+    training_command,
+)
 
+__all__ = ["ConfigError", "LaunchConfig", "launcher_argv", "main", "run"]
 log = logging.getLogger("rtj_worker.entrypoint")
 TERMINATION_LOG = "/dev/termination-log"
-
-
-class ConfigError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    nnodes: str
-    nproc_per_node: int
-    node_rank: int
-    rdzv_endpoint: str
-    rdzv_id: str
-    rdzv_timeout: int
-    max_restarts: int
-    heartbeat_timeout: float
-    initial_heartbeat_timeout: float
-    monitor_interval: float
-    checkpoint_dir: str
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> LaunchConfig:
-        def need(name: str) -> str:
-            value = env.get(name)
-            if not value:
-                raise ConfigError(f"environment variable {name} is not set (is this pod made by rtj-operator?)")
-            return value
-
-        try:
-            cfg = cls(
-                nnodes=env.get("RTJ_NNODES") or need("NNODES"),
-                nproc_per_node=int(env.get("NPROC_PER_NODE", "1")),
-                node_rank=int(need("NODE_RANK")),
-                rdzv_endpoint=need("RTJ_RDZV_ENDPOINT"),
-                rdzv_id=env.get("RTJ_RDZV_ID", "rtj"),
-                rdzv_timeout=int(env.get("RTJ_RDZV_TIMEOUT", "600")),
-                max_restarts=int(env.get("RTJ_FT_MAX_RESTARTS", "3")),
-                heartbeat_timeout=float(env.get("RTJ_FT_HEARTBEAT_TIMEOUT", "900")),
-                initial_heartbeat_timeout=float(env.get("RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT", "1200")),
-                monitor_interval=float(env.get("RTJ_FT_MONITOR_INTERVAL", "5")),
-                checkpoint_dir=env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"bad numeric setting: {exc}") from None
-        if ":" not in cfg.rdzv_endpoint:
-            raise ConfigError(f"RTJ_RDZV_ENDPOINT must be host:port, got {cfg.rdzv_endpoint!r}")
-        if cfg.heartbeat_timeout <= cfg.monitor_interval:
-            raise ConfigError("RTJ_FT_HEARTBEAT_TIMEOUT must exceed RTJ_FT_MONITOR_INTERVAL")
-        return cfg
-
-    @property
-    def rdzv_host(self) -> str:
-        return self.rdzv_endpoint.rsplit(":", 1)[0]
-
-
-def launcher_argv(cfg: LaunchConfig, command: list[str]) -> list[str]:
-    """ft_launcher (NVRx 0.4.1 flag names) running `command` once per local rank."""
-    if not command:
-        raise ConfigError("no training command after '--'")
-    argv = [
-        shutil.which("ft_launcher") or str(Path(sys.executable).with_name("ft_launcher")),
-        f"--nnodes={cfg.nnodes}",
-        f"--nproc-per-node={cfg.nproc_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={cfg.rdzv_endpoint}",
-        f"--rdzv-id={cfg.rdzv_id}",
-        # Node 0 hosts the c10d store; naming it avoids relying on hostname matching in pods.
-        f"--rdzv-conf=is_host={1 if cfg.node_rank == 0 else 0},join_timeout={cfg.rdzv_timeout}",
-        f"--max-restarts={cfg.max_restarts}",
-        f"--monitor-interval={cfg.monitor_interval:g}",
-        f"--ft-rank-heartbeat-timeout={cfg.heartbeat_timeout:g}",
-        f"--ft-initial-rank-heartbeat-timeout={cfg.initial_heartbeat_timeout:g}",
-        f"--ft-workload-check-interval={cfg.monitor_interval:g}",
-        # The NIC monitor watches InfiniBand links; p5 uses EFA, and CPU runs have neither.
-        "--ft-enable-nic-monitor=False",
-    ]
-    python = os.path.basename(command[0]).startswith("python")
-    if python and len(command) > 2 and command[1] == "-m":
-        return [*argv, "--module", command[2], *command[3:]]
-    if python and len(command) > 1:
-        return [*argv, *command[1:]]
-    return [*argv, "--no-python", *command]
 
 
 def wait_for_dns(host: str, timeout: float, interval: float = 2.0) -> bool:
@@ -127,9 +59,9 @@ def wait_for_dns(host: str, timeout: float, interval: float = 2.0) -> bool:
             time.sleep(interval)
 
 
-def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = TERMINATION_LOG) -> None:
-    steps = complete_steps(Path(checkpoint_dir)) if Path(checkpoint_dir).is_dir() else []
-    report = {"exitCode": code, "reason": reason, "checkpointStep": steps[0] if steps else 0}
+def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = TERMINATION_LOG,
+                      uid: str | None = None) -> None:
+    report = {"exitCode": code, "reason": reason, "checkpointStep": latest_step(Path(checkpoint_dir), uid)}
     try:
         Path(path).write_text(json.dumps(report))
     except OSError:
@@ -137,26 +69,81 @@ def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = T
     log.info("exit %d: %s", code, reason)
 
 
+def ranks_running(launcher_pid: int, command: list[str]) -> bool:
+    """Whether a descendant of the launcher runs the training command: ft_launcher starts ranks only
+    once the rendezvous has completed, so this tells "started" from "never joined"."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    wanted = "\0".join(command).encode()
+    todo = list(children.get(launcher_pid, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == wanted:
+                return True
+        except OSError:
+            pass
+        todo += children.get(pid, [])
+    return False
+
+
+class LauncherWatch:
+    """Copies the launcher's output to ours and notes what it says about rendezvous and restarts."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.started = False
+        self.no_progress = False
+        self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        out = sys.stdout.buffer
+        for raw in iter(proc.stdout.readline, b""):
+            out.write(raw)
+            out.flush()
+            line = raw.decode(errors="replace")
+            if any(marker in line for marker in RENDEZVOUS_DONE_LINES):
+                self.started = True
+            if NO_PROGRESS_LINE in line:
+                self.no_progress = True
+
+    def join(self, timeout: float = 10) -> None:
+        self._thread.join(timeout)
+
+
 def run(command: list[str], env: dict[str, str]) -> int:
     termination = env.get("RTJ_TERMINATION_LOG", TERMINATION_LOG)
+    uid = env.get("RTJ_UID") or None
+
+    def finish(code: int, reason: str, checkpoint_dir: str) -> int:
+        write_termination(code, reason, checkpoint_dir, termination, uid)
+        return code
+
     try:
         cfg = LaunchConfig.from_env(env)
+        command = training_command(command)
         argv = launcher_argv(cfg, command)
+        child_env = launcher_env(cfg, env)
     except ConfigError as exc:
-        write_termination(exit_codes.CONFIG_ERROR, str(exc), env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"),
-                          termination)
-        return exit_codes.CONFIG_ERROR
+        return finish(exit_codes.CONFIG_ERROR, str(exc), env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"))
     if not wait_for_dns(cfg.rdzv_host, cfg.rdzv_timeout):
-        write_termination(exit_codes.RENDEZVOUS_FAILED, f"{cfg.rdzv_host} did not resolve within "
-                          f"{cfg.rdzv_timeout}s", cfg.checkpoint_dir, termination)
-        return exit_codes.RENDEZVOUS_FAILED
+        return finish(exit_codes.RENDEZVOUS_FAILED, f"{cfg.rdzv_host} did not resolve within "
+                      f"{cfg.rdzv_timeout}s", cfg.checkpoint_dir)
 
-    # Ranks leave markers here: 'started' once training runs, 'permanent' to stop for good.
+    # Ranks leave a 'permanent' marker here to stop for good (rtj_worker.events.mark).
     state_dir = Path(env.get("RTJ_STATE_DIR") or tempfile.mkdtemp(prefix="rtj-state-"))
     state_dir.mkdir(parents=True, exist_ok=True)
-    child_env = {**env, "RTJ_STATE_DIR": str(state_dir)}
+    child_env["RTJ_STATE_DIR"] = str(state_dir)
     log.info("starting: %s", " ".join(argv))
-    proc = subprocess.Popen(argv, env=child_env, start_new_session=True)
+    proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    watch = LauncherWatch(proc)
 
     def forward(signum: int, _frame: object) -> None:
         # ft_launcher stops its workers and rank monitors on SIGTERM.
@@ -165,6 +152,7 @@ def run(command: list[str], env: dict[str, str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     permanent = state_dir / "permanent"
+    started = False
     while proc.poll() is None:
         if permanent.exists():
             # Restarting would fail the same way: stop the launcher instead of spending its budget.
@@ -174,22 +162,24 @@ def run(command: list[str], env: dict[str, str]) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
             break
-        time.sleep(0.5)
+        started = started or ranks_running(proc.pid, command)
+        time.sleep(0.1 if not started else 0.5)
     code = proc.wait()
+    watch.join()
+    started = started or watch.started
     if permanent.exists():
-        write_termination(exit_codes.PERMANENT_FAILURE, permanent.read_text().strip() or "permanent failure",
-                          cfg.checkpoint_dir, termination)
-        return exit_codes.PERMANENT_FAILURE
+        return finish(exit_codes.PERMANENT_FAILURE, permanent.read_text().strip() or "permanent failure",
+                      cfg.checkpoint_dir)
     if code == 0:
-        write_termination(exit_codes.OK, "training finished", cfg.checkpoint_dir, termination)
-        return exit_codes.OK
-    if not (state_dir / "started").exists():
-        write_termination(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code} before any rank started "
-                          "training (rendezvous did not complete)", cfg.checkpoint_dir, termination)
-        return exit_codes.RENDEZVOUS_FAILED
-    write_termination(exit_codes.LAUNCHER_BUDGET_EXHAUSTED, f"ft_launcher exited {code} after spending its "
-                      f"{cfg.max_restarts} restarts", cfg.checkpoint_dir, termination)
-    return exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+        return finish(exit_codes.OK, "training finished", cfg.checkpoint_dir)
+    if watch.no_progress:
+        return finish(exit_codes.PERMANENT_FAILURE, f"ft_launcher stopped restarting: no checkpoint progress in "
+                      f"{cfg.max_no_progress_cycles} consecutive restart cycles", cfg.checkpoint_dir)
+    if not started:
+        return finish(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code} before any rank started "
+                      "(rendezvous did not complete)", cfg.checkpoint_dir)
+    return finish(exit_codes.LAUNCHER_BUDGET_EXHAUSTED, f"ft_launcher exited {code} after spending its "
+                  f"{cfg.max_restarts} restarts", cfg.checkpoint_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,6 +19,22 @@ EFA = "vpc.amazonaws.com/efa"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # Enough for in-flight async checkpoints to finalize after SIGTERM.
 GRACE_SECONDS = 120
+# NVRx in-process restart with NCCL (NVRx known issues): NCCL errors must reach Python instead of
+# aborting on CUDA errors, and NVLink SHARP keeps state an in-process restart cannot reset.
+NVRX_NCCL_ENV = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
+                 ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+# libfabric/NCCL over EFA on p5, as the NVRx reference deploys it (awsome-distributed-training
+# 3.test_cases/pytorch/nvrx); the user's env may override these. RDMAV_FORK_SAFE/FI_EFA_FORK_SAFE: the
+# checkpoint writer and ft_launcher fork processes that hold registered memory.
+EFA_ENV = (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("FI_EFA_FORK_SAFE", "1"),
+           ("RDMAV_FORK_SAFE", "1"), ("FI_LOG_LEVEL", "warn"), ("NCCL_SOCKET_IFNAME", "^docker,lo,veth"),
+           ("NCCL_BUFFSIZE", "8388608"), ("NCCL_P2P_NET_CHUNKSIZE", "2097152"), ("NCCL_NET_GDR_LEVEL", "5"),
+           ("NCCL_TUNER_PLUGIN", "/opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so"))
+# Requests per GPU when the spec gives neither CPU nor memory requests: most of a p5.48xlarge (192 vCPUs,
+# 2 TiB, 8 GPUs) with room for system daemons. Without requests the pod is BestEffort, and its
+# memory-backed /dev/shm makes it the first pod evicted under memory pressure.
+CPU_PER_GPU = 20
+MEMORY_PER_GPU_GI = 200
 
 
 # spec.semantic_errors rejects specs of the wrong shape first; these keep a builder from crashing
@@ -42,7 +58,9 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         "RTJ_NNODES": f"{rtj.nodes_min}:{rtj.nodes_max}",
         "NPROC_PER_NODE": str(rtj.procs_per_node),
         "MASTER_ADDR": host,
-        "MASTER_PORT": str(port + 1),  # torch.distributed store; c10d rendezvous uses `port`
+        # For scripts run without ft_launcher (it sets its own MASTER_ADDR/PORT for ranks, so rtj_worker
+        # finds its stores from RTJ_RDZV_ENDPOINT: P+1 and P+2).
+        "MASTER_PORT": str(port + 1),
         "RTJ_RDZV_ENDPOINT": f"{host}:{port}",
         # A new id per gang attempt keeps a recreated gang out of the old rendezvous round.
         "RTJ_RDZV_ID": f"{rtj.uid or rtj.name}-{attempt}",
@@ -59,7 +77,11 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         "RTJ_INPROCESS_MAX_ITERATIONS": str(ipr["maxIterations"]),
         "RTJ_INPROCESS_SOFT_TIMEOUT": str(ipr["softTimeoutSeconds"]),
         "RTJ_INPROCESS_HARD_TIMEOUT": str(ipr["hardTimeoutSeconds"]),
+        "RTJ_NCCL_TIMEOUT": str(res["ncclTimeoutSeconds"]),
+        "RTJ_FT_MAX_NO_PROGRESS_CYCLES": str(res["maxNoProgressCycles"]),
         "RTJ_ATTEMPT": str(attempt),
+        # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
+        "RTJ_UID": rtj.uid or rtj.name,
     }
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     env += [
@@ -68,12 +90,13 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     user = _as_list(spec.get("env"))
+    user_names = {e.get("name") for e in user}
+    defaults: list[tuple[str, str]] = []
+    if spec["gpusPerNode"] > 0:
+        defaults += NVRX_NCCL_ENV
     if spec["efaPerNode"] > 0:
-        # libfabric/NCCL over EFA; the user's env may override these.
-        user_names = {e.get("name") for e in user}
-        env += [{"name": k, "value": v} for k, v in
-                (("FI_PROVIDER", "efa"), ("FI_EFA_USE_DEVICE_RDMA", "1"), ("FI_EFA_FORK_SAFE", "1"))
-                if k not in user_names]
+        defaults += EFA_ENV
+    env += [{"name": k, "value": v} for k, v in defaults if k not in user_names]
     return env + user
 
 
@@ -88,6 +111,10 @@ def _resources(rtj: RTJ) -> dict[str, Any]:
         # Extended resources must have requests == limits.
         resources["limits"] = {**_as_dict(resources.get("limits")), **accel}
         resources["requests"] = {**_as_dict(resources.get("requests")), **accel}
+    gpus = rtj.spec["gpusPerNode"]
+    requests = _as_dict(resources.get("requests"))
+    if gpus > 0 and "cpu" not in requests and "memory" not in requests:
+        resources["requests"].update({"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_PER_GPU_GI * gpus}Gi"})
     return resources
 
 
@@ -121,7 +148,9 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
         "command": ["rtj-worker", "--", *spec["command"]],
         "env": _env(rtj, attempt),
         "resources": _resources(rtj),
-        "ports": [{"name": "rendezvous", "containerPort": spec["resiliency"]["rendezvousPort"]}],
+        # P: ft_launcher's rendezvous, P+1: the ranks' store, P+2: inprocess.Wrapper's store (node 0).
+        "ports": [{"name": name, "containerPort": spec["resiliency"]["rendezvousPort"] + offset}
+                  for offset, name in enumerate(("rendezvous", "store", "inprocess-store"))],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "checkpoints", "mountPath": spec["storage"]["mountPath"]},
@@ -131,6 +160,9 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
     }
     if spec.get("args"):
         container["args"] = list(spec["args"])
+    if spec["gpusPerNode"] > 0:
+        # EFA and NCCL register (pin) memory for RDMA: without IPC_LOCK the memlock limit stops them.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     pod: dict[str, Any] = {
         "restartPolicy": "Never",  # restarts inside the pod belong to ft_launcher
         "subdomain": service_name(rtj),

@@ -1,0 +1,163 @@
+"""The on-disk layout of checkpoints, without torch (the entrypoint reads steps at every pod start).
+
+    <root>/step-<N>/               a committed step: DCP shards (__<rank>_0.distcp), .metadata, COMPLETE
+    <root>/.tmp-<uid>-<token>-step-<N>/   a save in progress (never loaded)
+    <root>/latest_checkpointed_iteration.txt   newest committed step, for NVRx 0.6's progress tracker
+
+A step is committed by writing COMPLETE inside its temporary directory (after every rank's write
+succeeded) and renaming the directory: a crash leaves either the old step or the new one, never a
+half-written step under a marker. COMPLETE records the RTJ's uid and every file's size, so a step of
+another job sharing the directory, a truncated shard or a corrupt marker is skipped, never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+MARKER = "COMPLETE"
+# Left by rank 0 when every rank agreed that a committed step does not load: never tried or kept again.
+BAD = "UNLOADABLE"
+ITERATION_FILE = "latest_checkpointed_iteration.txt"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:09d}"
+
+
+def tmp_dir(root: Path, uid: str, token: str, step: int) -> Path:
+    return root / f".tmp-{uid or 'local'}-{token}-step-{step:09d}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: str) -> None:
+    """Write, fsync, rename into place, fsync the directory: the file is whole or absent."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_marker(path: Path, uid: str | None = None) -> dict[str, Any] | None:
+    """The marker of a committed step directory if it is whole, ours and matches the files on disk."""
+    match = _STEP_RE.match(path.name)
+    if not match:
+        return None
+    if (path / BAD).exists():
+        return None
+    try:
+        meta = json.loads((path / MARKER).read_text())
+        step, files = int(meta["step"]), dict(meta["files"])
+        owner = str(meta.get("uid", ""))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # empty, truncated or corrupt marker
+        log.warning("skipping %s: unreadable %s marker: %s", path, MARKER, exc)
+        return None
+    if step != int(match.group(1)):
+        log.warning("skipping %s: its marker is for step %d", path, step)
+        return None
+    if uid is not None and owner != uid:
+        log.warning("skipping %s: written by another job (uid %r, this job is %r)", path, owner, uid)
+        return None
+    for name, size in files.items():
+        try:
+            if (path / name).stat().st_size != int(size):
+                log.warning("skipping %s: %s is truncated", path, name)
+                return None
+        except (OSError, ValueError, TypeError):
+            log.warning("skipping %s: %s is missing", path, name)
+            return None
+    return meta
+
+
+def complete_steps(root: Path, uid: str | None = None) -> list[int]:
+    """Committed steps that are whole (and ours, when uid is given), newest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for path in root.iterdir():
+        meta = read_marker(path, uid)
+        if meta is not None:
+            steps.append(int(meta["step"]))
+    return sorted(steps, reverse=True)
+
+
+def latest_step(root: Path, uid: str | None = None) -> int:
+    steps = complete_steps(root, uid)
+    return steps[0] if steps else 0
+
+
+def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int) -> Path:
+    """Seal the fully written `tmp` as step `step`: marker in it, then one rename."""
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        if path.is_file():
+            with open(path, "rb") as src:  # shards were fsynced by their writers; make sure of it
+                os.fsync(src.fileno())
+            files[path.name] = path.stat().st_size
+    marker = {"step": step, "uid": uid, "world_size": world_size, "time": time.time(), "files": files}
+    write_durable(tmp / MARKER, json.dumps(marker))
+    final = step_dir(root, step)
+    if final.exists():  # the same step saved again (after a restart): replace it whole
+        old = root / f".old-{uuid.uuid4().hex[:8]}-{final.name}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(root)
+    write_durable(root / ITERATION_FILE, f"{step}\n")
+    return final
+
+
+def mark_unloadable(root: Path, step: int) -> None:
+    write_durable(step_dir(root, step) / BAD, "")
+
+
+def prune(root: Path, keep: int, uid: str) -> None:
+    """Keep this job's `keep` newest whole steps, not counting any marked unloadable (those go too);
+    never touch another job's files."""
+    ours = complete_steps(root, uid)
+    kept = set(ours[:keep])
+    for step in ours:
+        if step not in kept:
+            shutil.rmtree(step_dir(root, step), ignore_errors=True)
+    # Temporary directories of our saves that were abandoned (a fault or a failed write).
+    prefix = f".tmp-{uid or 'local'}-"
+    for path in root.glob(f"{prefix}*-step-*"):
+        try:
+            step = int(path.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if kept and step <= max(kept):
+            shutil.rmtree(path, ignore_errors=True)
+    for path in root.glob(".old-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in root.glob(f"step-*/{BAD}"):
+        meta = path.parent / MARKER
+        try:
+            owner = json.loads(meta.read_text()).get("uid", "")
+        except (OSError, ValueError, AttributeError):
+            owner = None
+        if owner == uid:
+            shutil.rmtree(path.parent, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""Deterministic ranks and ports, independent of the launcher's choices.
+
+- Ports: the operator reserves three consecutive ports on node 0 (rendezvousPort = P): P is the
+  launcher's c10d rendezvous store, P+1 the training processes' store, P+2 inprocess.Wrapper's store.
+  ft_launcher overwrites MASTER_ADDR/MASTER_PORT in the ranks' environment with its own choice (a
+  free port on whichever host it picked), so the stores are found from RTJ_RDZV_ENDPOINT instead.
+- Ranks: the c10d rendezvous orders nodes by their host names as strings ("-10" before "-2"); the
+  global rank is re-derived from the numeric node rank (the Job's completion index) and local rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+APP_STORE_OFFSET = 1
+WRAPPER_STORE_OFFSET = 2
+
+
+class KeyValueStore(Protocol):
+    def set(self, key: str, value: str | bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
+def store_endpoint(env: Mapping[str, str]) -> tuple[str, int]:
+    """Node 0's host and the rendezvous port P, from which P+1 and P+2 derive."""
+    endpoint = env.get("RTJ_RDZV_ENDPOINT")
+    if endpoint:
+        host, port = endpoint.rsplit(":", 1)
+        return host, int(port)
+    return env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29400")) - 1
+
+
+def numeric_rank(store: KeyValueStore, rank: int, world_size: int, node_rank: int, local_rank: int,
+                 prefix: str) -> int:
+    """This process's rank when ranks are ordered by (node rank, local rank) as numbers.
+
+    Collective over `store`: every rank publishes its (node, local) pair under its launcher rank and
+    reads all of them (get blocks until a key exists)."""
+    store.set(f"{prefix}/{rank}", f"{node_rank}:{local_rank}")
+    pairs = []
+    for other in range(world_size):
+        node, local = store.get(f"{prefix}/{other}").decode().split(":")
+        pairs.append(((int(node), int(local)), other))
+    order = [launcher_rank for _, launcher_rank in sorted(pairs)]
+    return order.index(rank)
