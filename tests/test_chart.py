@@ -187,3 +187,12 @@ def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, op
                  ("patch", "pods", "status"), ("delete", "pods", None), ("create", "events", None),
                  ("watch", "nodes", None), ("watch", "pods", None), ("create", "services", None)]:
         assert call in done, (call, sorted(done))
+
+
+def test_worker_pods_get_an_identity_without_api_permissions():
+    """Issue 9.5: a worker that may patch pods could forge another job's progress or labels."""
+    docs = render(*VALUE_SETS["everything"])
+    account = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "rtj-worker")
+    assert account["automountServiceAccountToken"] is False
+    grants = [d for d in docs if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"] == "rtj-worker"]
+    assert grants == []

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from . import events, exit_codes, progress, ranks
+from . import events, exit_codes, ranks
 from .checkpoint import Checkpointer
 from .faults import Fault, maybe_inject
 
@@ -313,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = ranks.numeric_rank(base_store, launcher_rank, world, node_rank, local_rank, f"ranks/{generation}")
     os.environ["RANK"] = str(rank)  # inprocess.Wrapper and train() read it
     ckpt = Checkpointer(args.checkpoint_dir, rank, world, use_async=not args.sync_checkpoint,
-                        keep=args.checkpoint_keep, uid=os.environ.get("RTJ_UID", ""),
-                        on_commit=progress.publisher(rank))
+                        keep=args.checkpoint_keep, uid=os.environ.get("RTJ_UID", ""))
     ft_client = RankMonitorClient()
     fn = train if args.no_inprocess else wrap(args, host, port + ranks.WRAPPER_STORE_OFFSET)
     try:
