@@ -279,3 +279,13 @@ def test_the_fault_counter_charges_only_the_rank_that_failed():
 def test_the_rendezvous_port_leaves_room_for_the_derived_ports():
     with pytest.raises(ConfigError, match="port\\+1 and port\\+2"):
         LaunchConfig.from_env({**OPERATOR_ENV, "RTJ_RDZV_ENDPOINT": "h:65534"})
+
+
+def test_rtj_worker_help_exits_zero():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "rtj_worker.entrypoint", "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0
+    assert "rtj-worker -- python -m rtj_worker.train" in result.stdout

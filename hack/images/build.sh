@@ -150,9 +150,6 @@ print("python", sys.version.split()[0], "glibc", platform.libc_ver()[1], "torch"
     grep -v -i pynvml "$LOGDIR/worker-help.log" | tail -5
     case $rc in
         0) echo "rtj-worker --help: exit 0" ;;
-        # The entrypoint has no --help yet: without the operator's environment it exits 64
-        # (configuration error) after importing everything, which is what this check needs.
-        64) echo "rtj-worker --help: exit 64 (no --help option yet: configuration error, entrypoint runs)" ;;
         *) echo "FAIL: rtj-worker --help exited $rc" >&2; exit 1 ;;
     esac
     log "worker: a CPU training run: rtj-worker -- python -m rtj_worker.train (1 node, 2 ranks)"

@@ -185,6 +185,9 @@ def run(command: list[str], env: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rtj-worker %(levelname)s %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--help"], ["-h"]):
+        print(__doc__)
+        sys.exit(0)
     command = args[args.index("--") + 1:] if "--" in args else args
     sys.exit(run(command, dict(os.environ)))
 
