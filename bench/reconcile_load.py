@@ -34,8 +34,10 @@ from rtj_operator.spec import RTJ
 
 TOOLS = ROOT / ".tools" / "bin"
 SA_USER = "system:serviceaccount:rtj-system:rtj-operator"
+# CPU pods (many fit a node); they tolerate the p5 nodes' GPU taint, as examples/rtj-local.yaml does.
 SPEC = {"image": "worker:1", "nodes": {"count": 2}, "gpusPerNode": 0, "efaPerNode": 0,
-        "storage": {"existingClaim": "shared"}}
+        "storage": {"existingClaim": "shared"},
+        "placement": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -224,7 +226,7 @@ def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
             ns_names = namespaces(cluster, kube, "load", 10)
             run_names = create_rtjs(kube, ns_names, running, "run")
             # Pending for good: no node of this instance type exists.
-            pend_spec = {**SPEC, "placement": {"instanceType": "p4d.24xlarge"}}
+            pend_spec = {**SPEC, "placement": {**SPEC["placement"], "instanceType": "p4d.24xlarge"}}
             create_rtjs(kube, ns_names, pending, "pend", spec=pend_spec)
             watch_rtjs(kube, run_names, "Running", timeout=120 + running)
             ns, name = next(iter(run_names))

@@ -58,6 +58,8 @@ def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token:
             kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
         _bearer_from_loader(config)
         client = kubernetes.client.ApiClient(config)
+    # One connection per reconcile thread (handlers.PASS_THREADS), not urllib3's default 10.
+    client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
     client.user_agent = user_agent  # audit logs tell the operator apart
     return client
 

@@ -37,8 +37,10 @@ IDLE_REQUEUE = 60.0
 TERMINAL = ("Succeeded", "Failed")
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
-# Client errors of a create or dry run that mean the spec produces an object the server rejects.
-REJECTED = (400, 403, 422)
+# Client errors of a create or dry run that mean the spec produces an object the server rejects:
+# validation (400, 422), or an admission webhook or policy that denied it (403 "denied"). Other 403s
+# (RBAC, a namespace being deleted) are not the spec's fault.
+REJECTED = (400, 422)
 
 # An optional pre-flight check of the storage (see fsx.py): returns (ok, reason, message).
 StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
@@ -119,7 +121,7 @@ class _Pass:
         except KubeError as exc:
             if exc.status == 409:  # a previous pass (or a crash right after it) was faster: fine
                 return True
-            if exc.status in REJECTED:
+            if _rejected(exc):
                 self.rejected(obj, str(exc))
                 return False
             raise
@@ -235,7 +237,7 @@ class _Pass:
             try:
                 self.kube.patch("Service", service_name(self.rtj), self.rtj.namespace, {"spec": drift})
             except KubeError as exc:
-                if exc.status in REJECTED:
+                if _rejected(exc):
                     self.rejected(desired, str(exc))
                     return False
                 raise
@@ -302,7 +304,7 @@ class _Pass:
         except KubeError as exc:
             if exc.status == 409:
                 return True
-            if exc.status in REJECTED:
+            if _rejected(exc):
                 self.rejected(obj, str(exc))
                 return False
             raise
@@ -588,6 +590,10 @@ class _Pass:
         if self.requeue is not None:
             requeue = min(requeue, self.requeue)
         return Outcome(self.status, self.events, requeue, self.metrics)
+
+
+def _rejected(exc: KubeError) -> bool:
+    return exc.status in REJECTED or (exc.status == 403 and "denied" in str(exc))
 
 
 def job_attempt(job: dict[str, Any]) -> int:
