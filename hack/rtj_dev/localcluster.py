@@ -29,6 +29,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -146,6 +147,10 @@ class LocalCluster:
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.bin_dir = self.bin_dir or kube_bin_dir()
         atexit.register(self.stop)
+        # atexit does not run on SIGTERM's default action: turn it into an exit, so the processes go too.
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             self._pki()
             self._etcd()
