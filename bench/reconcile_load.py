@@ -17,6 +17,7 @@ pod failure takes to be counted in status; and how long until A freshly applied 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rtj_dev.localcluster import ROOT, LocalCluster
@@ -171,8 +173,9 @@ def create_rtjs(kube: Kube, ns_names: list[str], n: int, prefix: str, spec: dict
     return names
 
 
-def run_sizes(sizes: list[int], nodes: int) -> None:
-    rows = []
+@contextlib.contextmanager
+def operator_on_local_cluster(nodes: int) -> Iterator[tuple[LocalCluster, Kube, OperatorProcess]]:
+    """A local control plane with the chart installed and the operator running as its own process."""
     with LocalCluster(nodes=nodes) as cluster:
         kube = Kube(configure(cluster.server, token=cluster.admin_token, ca_file=str(cluster.ca_file)))
         subprocess.run([str(TOOLS / "helm"), "install", "rtj-operator", str(ROOT / "charts" / "rtj-operator"), "-n",
@@ -180,25 +183,31 @@ def run_sizes(sizes: list[int], nodes: int) -> None:
                        check=True, capture_output=True)
         operator = OperatorProcess(cluster)
         try:
-            for n in sizes:
-                ns_names = namespaces(cluster, kube, f"op{n}", 10)
-                since, cpu0 = time.time(), operator.cpu_seconds()
-                started = time.monotonic()
-                names = create_rtjs(kube, ns_names, n, "job")
-                times = watch_rtjs(kube, names, "Running", timeout=60 + n)
-                wall = time.monotonic() - started
-                cpu = operator.cpu_seconds() - cpu0
-                requests = operator_requests(cluster, since)
-                bare_ns = namespaces(cluster, kube, f"floor{n}", 10)
-                floor_started = time.monotonic()
-                bare = floor(kube, bare_ns, n, timeout=60 + n)
-                floor_wall = time.monotonic() - floor_started
-                rows.append((n, times, wall, cpu, requests, operator.memory_mb(), bare, floor_wall))
-                for ns in ns_names + bare_ns:  # the next size starts from a quiet cluster
-                    cluster.api("DELETE", f"/api/v1/namespaces/{ns}", missing_ok=True)
-                time.sleep(10)
+            yield cluster, kube, operator
         finally:
             operator.stop()
+
+
+def run_sizes(sizes: list[int], nodes: int) -> None:
+    rows = []
+    with operator_on_local_cluster(nodes) as (cluster, kube, operator):
+        for n in sizes:
+            ns_names = namespaces(cluster, kube, f"op{n}", 10)
+            since, cpu0 = time.time(), operator.cpu_seconds()
+            started = time.monotonic()
+            names = create_rtjs(kube, ns_names, n, "job")
+            times = watch_rtjs(kube, names, "Running", timeout=60 + n)
+            wall = time.monotonic() - started
+            cpu = operator.cpu_seconds() - cpu0
+            requests = operator_requests(cluster, since)
+            bare_ns = namespaces(cluster, kube, f"floor{n}", 10)
+            floor_started = time.monotonic()
+            bare = floor(kube, bare_ns, n, timeout=60 + n)
+            floor_wall = time.monotonic() - floor_started
+            rows.append((n, times, wall, cpu, requests, operator.memory_mb(), bare, floor_wall))
+            for ns in ns_names + bare_ns:  # the next size starts from a quiet cluster
+                cluster.api("DELETE", f"/api/v1/namespaces/{ns}", missing_ok=True)
+            time.sleep(10)
     print(f"rtj-operator on the local control plane (kube-apiserver/etcd/controller-manager/scheduler v1.37.2, "
           f"{nodes} kwok nodes), operator as its own process, 2-core machine; times per RTJ from its create")
     print("| RTJs x 2 nodes | children created p50 / p99 | all pods Running p50 / p99 | bare Job+Service Running "
@@ -216,38 +225,30 @@ def run_sizes(sizes: list[int], nodes: int) -> None:
 def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
     """Issue 9.10: a pod failure among running+pending RTJs counted within 2 s; `fresh` RTJs all with
     status within 2 minutes."""
-    with LocalCluster(nodes=nodes) as cluster:
-        kube = Kube(configure(cluster.server, token=cluster.admin_token, ca_file=str(cluster.ca_file)))
-        subprocess.run([str(TOOLS / "helm"), "install", "rtj-operator", str(ROOT / "charts" / "rtj-operator"), "-n",
-                        "rtj-system", "--create-namespace", "--set", "replicaCount=0", "--wait"], env=cluster.env(),
-                       check=True, capture_output=True)
-        operator = OperatorProcess(cluster)
-        try:
-            ns_names = namespaces(cluster, kube, "load", 10)
-            run_names = create_rtjs(kube, ns_names, running, "run")
-            # Pending for good: no node of this instance type exists.
-            pend_spec = {**SPEC, "placement": {**SPEC["placement"], "instanceType": "p4d.24xlarge"}}
-            create_rtjs(kube, ns_names, pending, "pend", spec=pend_spec)
-            watch_rtjs(kube, run_names, "Running", timeout=120 + running)
-            ns, name = next(iter(run_names))
-            pod = kube.list("Pod", ns, {api.LABEL_NAME: name})[0]
-            failed_at = time.monotonic()
-            kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
-                "kwok.rtj.dev/exit-code": "1"}}})
-            while (kube.get(api.KIND, name, ns).get("status") or {}).get("jobRestarts", 0) < 1:
-                time.sleep(0.05)
-            counted = time.monotonic() - failed_at
-            fresh_ns = namespaces(cluster, kube, "fresh", 10)
-            started = time.monotonic()
-            fresh_names = create_rtjs(kube, fresh_ns, fresh, "new", spec=pend_spec)
-            seen: set[tuple[str, str]] = set()
-            while len(seen) < fresh and time.monotonic() - started < 600:
-                seen = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in kube.list(api.KIND)
-                        if (o.get("status") or {}).get("phase")} & set(fresh_names)
-                time.sleep(1)
-            all_status = time.monotonic() - started
-        finally:
-            operator.stop()
+    with operator_on_local_cluster(nodes) as (cluster, kube, _operator):
+        ns_names = namespaces(cluster, kube, "load", 10)
+        run_names = create_rtjs(kube, ns_names, running, "run")
+        # Pending for good: no node of this instance type exists.
+        pend_spec = {**SPEC, "placement": {**SPEC["placement"], "instanceType": "p4d.24xlarge"}}
+        create_rtjs(kube, ns_names, pending, "pend", spec=pend_spec)
+        watch_rtjs(kube, run_names, "Running", timeout=120 + running)
+        ns, name = next(iter(run_names))
+        pod = kube.list("Pod", ns, {api.LABEL_NAME: name})[0]
+        failed_at = time.monotonic()
+        kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
+            "kwok.rtj.dev/exit-code": "1"}}})
+        while (kube.get(api.KIND, name, ns).get("status") or {}).get("jobRestarts", 0) < 1:
+            time.sleep(0.05)
+        counted = time.monotonic() - failed_at
+        fresh_ns = namespaces(cluster, kube, "fresh", 10)
+        started = time.monotonic()
+        fresh_names = create_rtjs(kube, fresh_ns, fresh, "new", spec=pend_spec)
+        seen: set[tuple[str, str]] = set()
+        while len(seen) < fresh and time.monotonic() - started < 600:
+            seen = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in kube.list(api.KIND)
+                    if (o.get("status") or {}).get("phase")} & set(fresh_names)
+            time.sleep(1)
+        all_status = time.monotonic() - started
     print(f"| target | measured |\n|---|---|\n| pod failure counted, {running} Running + {pending} Pending RTJs "
           f"(target < 2 s) | {counted:.2f} s |\n| {fresh} new RTJs all with status, {running + pending} already there "
           f"(target < 120 s) | {all_status:.0f} s ({len(seen)}/{fresh}) |")
