@@ -21,7 +21,7 @@ import yaml
 
 from conftest import Job, kubectl, wait_until
 from rtj_dev.localcluster import LocalCluster
-from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes
+from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes, resolve
 from rtj_operator import api
 from rtj_operator.kube import Kube, configure
 from rtj_worker import events, exit_codes
@@ -230,3 +230,25 @@ def test_node_loss_replaces_only_that_pod(run: Run, agents: AgentNodes, clean_re
     assert same_weights(run.result(), clean_result)
     print(f"node loss: recovered in {min(e['t'] for e in resumed) - lost_at:.1f}s "
           f"(lastRecoverySeconds {status.get('lastRecoverySeconds')})")
+
+
+def test_dns_record_of_a_new_pod_appears_within_seconds(cluster: LocalCluster, ns: str, agents: AgentNodes) -> None:
+    """`<host>.<subdomain>.<ns>.svc` as an RTJ's pods use it: headless Service, publishNotReadyAddresses,
+    the EndpointSlice made by the real endpointslice controller from the pod's IP, served by CoreDNS."""
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "dns"}}})
+    created = time.monotonic()
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p-0", "labels": {"app": "dns"}},
+        "spec": {"hostname": "p-0", "subdomain": "peers", "restartPolicy": "Never",
+                 "terminationGracePeriodSeconds": 1, "nodeSelector": {AGENT_LABEL: "true"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "containers": [{"name": "c", "image": "none", "command": ["sleep", "60"]}]}})
+    address = wait_until(lambda: resolve(f"p-0.peers.{ns}.svc.cluster.local"), timeout=20,
+                         what="the pod's DNS record", interval=0.05)
+    lag = time.monotonic() - created
+    pod = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/p-0")
+    assert address == pod["status"]["podIP"] == agents.by_name(pod["spec"]["nodeName"]).ip
+    print(f"DNS: record of a new pod resolvable {lag:.2f}s after the pod was created")
+    assert lag < 10

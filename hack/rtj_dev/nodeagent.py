@@ -30,6 +30,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -142,6 +143,30 @@ class ClusterDNS:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def resolve(name: str, server: str = BRIDGE_IP, timeout: float = 1.0) -> str | None:
+    """The first A record CoreDNS gives for `name` (a fully qualified name), or None."""
+    query = os.urandom(2) + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    query += b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split(".")) + b"\x00\x00\x01\x00\x01"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(query, (server, 53))
+            reply = sock.recv(4096)
+        except OSError:
+            return None
+    if reply[:2] != query[:2] or reply[3] & 0x0F or not int.from_bytes(reply[6:8], "big"):
+        return None  # another query's reply, an error (NXDOMAIN) or no answer
+    # The answers follow the question; each A answer ends with 4 address bytes.
+    pos = len(query)
+    while pos < len(reply):
+        pos += 2 if reply[pos] & 0xC0 == 0xC0 else reply.index(0, pos) + 1 - pos  # name: pointer or labels
+        rtype, length = int.from_bytes(reply[pos:pos + 2], "big"), int.from_bytes(reply[pos + 8:pos + 10], "big")
+        if rtype == 1 and length == 4:
+            return ".".join(str(b) for b in reply[pos + 10:pos + 14])
+        pos += 10 + length
+    return None
 
 
 # --- the node object and its lease -------------------------------------------------------------------
