@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from conftest import Job, kubectl, wait_until
+from rtj_dev.cpu_rtj import RESILIENCY, TOLERATIONS, cpu_rtj, shared_dir
 from rtj_dev.localcluster import LocalCluster
 from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes, resolve
-from rtj_operator import api
 from rtj_operator.kube import Kube, configure
 from rtj_worker import events, exit_codes
 
@@ -30,10 +30,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.skipif(os.geteuid() != 0, reason="node agents need root (netns, mounts)")]
 
 STEPS, INTERVAL = 60, 10
-MOUNT = "/checkpoints"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def agents(cluster: LocalCluster) -> Iterator[AgentNodes]:
     """Three agent nodes (two for the gang, one spare for a replacement) and CoreDNS."""
     nodes = AgentNodes(cluster, 3).start()
@@ -43,29 +42,6 @@ def agents(cluster: LocalCluster) -> Iterator[AgentNodes]:
         nodes.stop()
 
 
-def rtj_manifest(ns: str, name: str, *train_args: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "image": "rtj-worker:local",  # node agents run processes; the image is not pulled
-        "nodes": {"count": 2}, "gpusPerNode": 0, "efaPerNode": 0, "procsPerNode": 2, "shmSize": "256Mi",
-        "placement": {"nodeSelector": {AGENT_LABEL: "true"},
-                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-        "storage": {"storageClassName": "fsx-sc", "size": "1Gi", "mountPath": MOUNT},
-        "command": ["python", "-m", "rtj_worker.train"],
-        "args": ["--steps", str(STEPS), "--model-dim", "32", "--layers", "2", "--batch", "8",
-                 "--step-seconds", "0.1", *train_args],
-        "checkpoint": {"intervalSteps": INTERVAL},
-        "resiliency": {"heartbeatTimeoutSeconds": 15, "initialHeartbeatTimeoutSeconds": 60,
-                       "monitorIntervalSeconds": 1, "rendezvousTimeoutSeconds": 60,
-                       "inProcessRestart": {"softTimeoutSeconds": 30, "hardTimeoutSeconds": 45}},
-        "restartBudget": {"nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3},
-        "env": [{"name": "RTJ_EVENT_LOG", "value": f"{MOUNT}/{name}/events.jsonl"},
-                {"name": "TORCH_CPP_LOG_LEVEL", "value": "ERROR"}],
-    }
-    body.update(spec)
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name, "namespace": ns},
-            "spec": body}
-
-
 class Run:
     """One applied RTJ and what it left on the shared directory."""
 
@@ -73,16 +49,12 @@ class Run:
         self.cluster, self.job, self.name, self.ns = cluster, Job(kube, ns, name), name, ns
 
     def apply(self, *train_args: str, **spec: Any) -> Run:
-        manifest = yaml.safe_dump(rtj_manifest(self.ns, self.name, *train_args, **spec))
+        manifest = yaml.safe_dump(cpu_rtj(self.ns, self.name, list(train_args), STEPS, INTERVAL, **spec))
         kubectl(self.cluster, "apply", "-f", "-", input=manifest)
         return self
 
     def shared_dir(self) -> Path:
-        pvc = self.job.kube.get("PersistentVolumeClaim", f"{self.name}-ckpt", self.ns)
-        if not (pvc or {}).get("spec", {}).get("volumeName"):
-            return Path("/nonexistent")  # not provisioned yet
-        pv = self.cluster.api("GET", f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
-        return Path(pv["spec"]["hostPath"]["path"]) / self.name
+        return shared_dir(self.cluster, self.ns, self.name) or Path("/nonexistent")  # not provisioned yet
 
     def timeline(self) -> list[dict[str, Any]]:
         return events.read(self.shared_dir() / "events.jsonl")
@@ -126,7 +98,7 @@ def run(cluster: LocalCluster, kube: Kube, ns: str, agents: AgentNodes, operator
     return Run(cluster, kube, ns)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def clean_result(cluster: LocalCluster, agents: AgentNodes, operator_token: str) -> dict[str, Any]:
     """The weights a fault-free run ends with (batches depend only on seed, step and rank)."""
     from conftest import start_operator
@@ -243,7 +215,7 @@ def test_dns_record_of_a_new_pod_appears_within_seconds(cluster: LocalCluster, n
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p-0", "labels": {"app": "dns"}},
         "spec": {"hostname": "p-0", "subdomain": "peers", "restartPolicy": "Never",
                  "terminationGracePeriodSeconds": 1, "nodeSelector": {AGENT_LABEL: "true"},
-                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "tolerations": TOLERATIONS,
                  "containers": [{"name": "c", "image": "none", "command": ["sleep", "60"]}]}})
     address = wait_until(lambda: resolve(f"p-0.peers.{ns}.svc.cluster.local"), timeout=20,
                          what="the pod's DNS record", interval=0.05)
@@ -252,3 +224,60 @@ def test_dns_record_of_a_new_pod_appears_within_seconds(cluster: LocalCluster, n
     assert address == pod["status"]["podIP"] == agents.by_name(pod["spec"]["nodeName"]).ip
     print(f"DNS: record of a new pod resolvable {lag:.2f}s after the pod was created")
     assert lag < 10
+
+
+def test_hung_rank_is_detected_by_heartbeat_and_respawned_in_the_same_pod(
+        run: Run, clean_result: dict[str, Any]) -> None:
+    run.apply("--fault", "3:25:hang")
+    run.wait_training()
+    uids, before = run.pod_uids(), counters(run.job.status())
+    status = run.wait_done()
+    fault = next(e for e in run.timeline() if e["event"] == "fault")
+    resumed = [e for e in run.starts() if e["t"] > fault["t"]]
+    assert resumed and {e["step"] for e in resumed} == {20}, resumed
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in run.job.pods()} == uids
+    assert counters(status) == before and status.get("restarts", 0) == 0
+    assert same_weights(run.result(), clean_result)
+    print(f"hang: training resumed {min(e['t'] for e in resumed) - fault['t']:.1f}s after the rank hung "
+          f"(heartbeat timeout 15s)")
+
+
+def test_faults_beyond_the_budgets_fail_with_the_budget_reason(run: Run) -> None:
+    run.apply("--fault", "3:15:sigkill", resiliency={**RESILIENCY, "maxLauncherRestarts": 0},
+        restartBudget={"maxRestarts": 0, "nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3})
+    run.wait_training()
+    names = set(run.pod_uids())
+    status = run.job.wait_phase("Failed", timeout=120)
+    assert status["lastFailureReason"] == "RestartBudgetExhausted", status
+    assert "restartBudget.maxRestarts=0" in status["lastFailureMessage"]
+    time.sleep(3)  # no loop: nothing new is created once Failed
+    assert {p["metadata"]["name"] for p in run.job.pods()} <= names
+
+
+def test_node0_loss_is_recovered_from_the_last_checkpoint(
+        run: Run, agents: AgentNodes, clean_result: dict[str, Any]) -> None:
+    """Node 0 hosts the rendezvous store: its loss takes the survivors' launcher down with it. Whatever
+    the operator does (replace the pod, or restart the gang), training must resume from the newest
+    complete checkpoint and be charged to the platform; the figures are printed."""
+    run.apply()
+    run.wait_training()
+    node0 = next(p for p in run.job.running_pods()
+                 if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0")
+    wait_until(lambda: max((e["step"] for e in run.timeline() if e["event"] == "step"), default=0) >= 24,
+               timeout=90, what="step 24", interval=0.2)
+    agent = agents.by_name(node0["spec"]["nodeName"])
+    lost_at = time.time()
+    agent.stop(lose=True)
+    try:
+        status = run.wait_done(timeout=200)
+    finally:
+        agent.start()
+    resumed = [e for e in run.starts() if e["t"] > lost_at]
+    assert resumed and {e["step"] for e in resumed} == {20}, resumed
+    # Measured: the survivor's ft_launcher loses the c10d store with node 0 and its pod exits too, which
+    # the operator charges to the job (jobRestarts 1) on top of the disruption: one loss, two charges.
+    assert status.get("disruptions") == 1 and status.get("jobRestarts", 0) <= 1, status
+    assert same_weights(run.result(), clean_result)
+    print(f"node-0 loss: resumed {min(e['t'] for e in resumed) - lost_at:.1f}s after the loss; "
+          f"counters {counters(status)}, restartsByTier {status.get('restartsByTier')}, "
+          f"last failure {status.get('lastFailureReason')}: {status.get('lastFailureMessage')}")

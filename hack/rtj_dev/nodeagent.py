@@ -45,7 +45,6 @@ BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
 AGENT_LABEL = "rtj.dev/node-agent"  # RTJs select these nodes (kwok nodes run no processes)
 CLUSTER_DOMAIN = "cluster.local"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-VENV_BIN = Path("/work/main/.venv/bin")
 ROOT = Path(__file__).resolve().parents[2]
 MAX_MESSAGE = 4096  # kubelet's limit on a termination message
 
@@ -185,6 +184,9 @@ class NodeRegistration:
             labels.pop(key, None)
         labels[AGENT_LABEL] = "true"
         node["metadata"]["annotations"] = {}
+        # Only pods meant for real processes land here: other tests' RTJs (steered through kwok)
+        # tolerate the GPU taint and select p5.48xlarge too.
+        node["spec"]["taints"].append({"key": AGENT_LABEL, "value": "true", "effect": "NoSchedule"})
         self.cluster.api("DELETE", f"/api/v1/nodes/{self.name}", missing_ok=True)
         self.cluster.api("POST", "/api/v1/nodes", node)
         self.report_status()
@@ -249,7 +251,8 @@ class PodSandbox:
                   "metadata.uid": meta["uid"], "spec.nodeName": self.pod["spec"].get("nodeName", ""),
                   "status.podIP": self.node_ip, "status.hostIP": self.node_ip,
                   f"metadata.annotations['{COMPLETION_INDEX}']": meta.get("annotations", {}).get(COMPLETION_INDEX, "")}
-        bin_dir = VENV_BIN if VENV_BIN.is_dir() else Path(sys.executable).parent
+        # rtj-worker, ft_launcher and python of the venv the agent runs in (the image's PATH).
+        bin_dir = Path(sys.executable).parent
         env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOSTNAME": self.hostname, "HOME": "/root",
                # This checkout's worker code, not whichever the venv was installed from.
