@@ -226,6 +226,7 @@ def test_dns_record_of_a_new_pod_appears_within_seconds(cluster: LocalCluster, n
     assert lag < 10
 
 
+@pytest.mark.slow
 def test_hung_rank_is_detected_by_heartbeat_and_respawned_in_the_same_pod(
         run: Run, clean_result: dict[str, Any]) -> None:
     run.apply("--fault", "3:25:hang")
@@ -254,6 +255,7 @@ def test_faults_beyond_the_budgets_fail_with_the_budget_reason(run: Run) -> None
     assert {p["metadata"]["name"] for p in run.job.pods()} <= names
 
 
+@pytest.mark.slow
 def test_node0_loss_is_recovered_from_the_last_checkpoint(
         run: Run, agents: AgentNodes, clean_result: dict[str, Any]) -> None:
     """Node 0 hosts the rendezvous store: its loss takes the survivors' launcher down with it. Whatever
