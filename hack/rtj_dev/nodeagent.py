@@ -345,7 +345,7 @@ class NodeAgent:
     """One node: registration, lease, and the pods bound to it (polled, as a kubelet's watch would see)."""
 
     def __init__(self, cluster: LocalCluster, name: str, index: int, workdir: Path, zone: str = "us-west-2a",
-                 poll: float = 0.3, extra_env: dict[str, str] | None = None):
+                 poll: float = 0.3, extra_env: dict[str, str] | None = None, created_dirs: set[str] | None = None):
         self.cluster, self.name, self.index = cluster, name, index
         self.ip = f"10.77.0.{10 + index}"
         self.netns = f"rtj-{name}"
@@ -357,6 +357,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self.created_dirs = created_dirs if created_dirs is not None else set()  # volumes made here
 
     def start(self) -> NodeAgent:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -436,7 +437,9 @@ class NodeAgent:
                 pvc = self.cluster.api("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim['claimName']}")
                 pv = self.cluster.api("GET", f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
                 path = pv["spec"]["hostPath"]["path"]
-                Path(path).mkdir(parents=True, exist_ok=True)  # DirectoryOrCreate
+                if not Path(path).exists():  # DirectoryOrCreate
+                    self.created_dirs.add(path)
+                Path(path).mkdir(parents=True, exist_ok=True)
                 volumes[volume["name"]] = path
             elif host := volume.get("hostPath"):
                 volumes[volume["name"]] = host["path"]
@@ -524,8 +527,9 @@ class AgentNodes:
                  extra_env: dict[str, str] | None = None):
         self.cluster = cluster
         self.workdir = workdir or (cluster.workdir or Path("/tmp")) / "agents"  # type: ignore[operator]
-        self.agents = [NodeAgent(cluster, f"{prefix}-{i}", i, self.workdir, extra_env=extra_env)
-                       for i in range(count)]
+        self.volumes: set[str] = set()  # hostPath volumes the agents created, removed on stop
+        self.agents = [NodeAgent(cluster, f"{prefix}-{i}", i, self.workdir, extra_env=extra_env,
+                                 created_dirs=self.volumes) for i in range(count)]
         self.dns = ClusterDNS(cluster, self.workdir / "coredns")
 
     def start(self) -> AgentNodes:
@@ -545,6 +549,8 @@ class AgentNodes:
                 agent.stop()
         self.dns.stop()
         Network.down()
+        for path in self.volumes:
+            shutil.rmtree(path, ignore_errors=True)
 
     def by_name(self, name: str) -> NodeAgent:
         return next(a for a in self.agents if a.name == name)
