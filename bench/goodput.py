@@ -22,6 +22,7 @@ import argparse
 import itertools
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -153,6 +154,7 @@ def main() -> None:
     finally:
         agents.stop()
         cluster.stop()
+        shutil.rmtree(cluster.workdir, ignore_errors=True)  # type: ignore[arg-type]
     report(results, args.steps)
 
 
