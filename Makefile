@@ -7,14 +7,17 @@ PYTHON ?= python3
 # built once from Go modules into a cache keyed by version; hack/kube/build.sh prints the folder.
 WITH_KUBE = RTJ_KUBE_BIN=$$(bash hack/kube/build.sh) && export RTJ_KUBE_BIN &&
 
-.PHONY: demo test lint unit setup tools kube crds chart-crds bench bench-operator bench-worker images clean nvrx06 \
-	test-worker test-worker-nvrx06 bench-checkpoint
+.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds bench bench-operator bench-worker \
+	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint
 
 demo: setup tools ## Run the operator end to end on a local control plane (first run builds it)
 	$(WITH_KUBE) PYTHONPATH=hack $(PY) -m rtj_dev.demo
 
 test: setup tools lint ## Lint and run every test (on a local control plane)
 	$(WITH_KUBE) $(PY) -m pytest
+
+e2e: setup tools ## Only the end-to-end tests: real training on local node agents (root; ~5 min)
+	$(WITH_KUBE) $(PY) -m pytest -m e2e tests/test_e2e.py
 
 kube: ## Build the local control plane's binaries from Go modules (cold ~12 min on 2 cores, then cached)
 	@echo "Kubernetes binaries: $$(bash hack/kube/build.sh)"
@@ -68,6 +71,9 @@ bench-operator: setup tools
 
 bench-worker: setup
 	$(PY) bench/recovery.py
+
+bench-goodput: setup tools ## Four recovery modes on one seeded fault schedule (root; ~10 min)
+	$(WITH_KUBE) $(PY) bench/goodput.py
 
 images: ## Build and smoke-test both images without a registry (root; installs/starts Debian's docker.io)
 	hack/images/build.sh

@@ -1,0 +1,582 @@
+"""Local nodes that run pods as real processes: a small "kubelet" per node, plus cluster DNS.
+
+Each NodeAgent registers a p5-shaped Node (labels, capacity, the nvidia.com/gpu taint of EKS GPU
+nodes) with the local control plane (localcluster.py), renews its Lease in kube-node-lease every
+second and runs the pods the real scheduler binds to it:
+
+- in the node's own network namespace (rtj-<node>), with its own IP on the bridge rtjbr0 that all
+  nodes share (10.77.0.1 on the host side, node i at 10.77.0.(10+i));
+- in a per-pod mount, UTS and PID namespace (as a container would be): the PVC's hostPath (one
+  shared directory standing in for FSx for Lustre), a fresh /dev/shm, /dev/termination-log,
+  /etc/hosts and an /etc/resolv.conf that points at CoreDNS with the pod namespace's search path;
+  when the container's first process ends, the kernel ends the rest (PID namespace).
+
+It reports pod status as a kubelet does (phase, Ready, containerStatuses, podIP) and honours
+deletion (SIGTERM, grace period, SIGKILL, then delete with grace 0). `stop(lose=True)` is a node
+loss: processes are killed and the Lease stops, which the real node-lifecycle controller sees.
+
+    python -m rtj_dev.nodeagent up --cluster DIR [--nodes 3]   # agents + CoreDNS on a `localcluster up`
+
+Needs root (network namespaces, mounts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .localcluster import KWOK_LABEL, LocalCluster, kube_bin_dir, p5_node
+
+BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
+AGENT_LABEL = "rtj.dev/node-agent"  # RTJs select these nodes (kwok nodes run no processes)
+CLUSTER_DOMAIN = "cluster.local"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+ROOT = Path(__file__).resolve().parents[2]
+MAX_MESSAGE = 4096  # kubelet's limit on a termination message
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+# --- network -----------------------------------------------------------------------------------------
+
+class Network:
+    """The bridge all nodes share and one network namespace (with a veth into the bridge) per node."""
+
+    @staticmethod
+    def up() -> None:
+        if _sh("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+            _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+            _sh("ip", "addr", "add", f"{BRIDGE_IP}/{PREFIX}", "dev", BRIDGE)
+        _sh("ip", "link", "set", BRIDGE, "up")
+
+    @staticmethod
+    def add_node(netns: str, ip: str, index: int) -> None:
+        Network.remove_node(netns, index)
+        host_if = f"rtjv{index}"
+        _sh("ip", "netns", "add", netns)
+        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _sh("ip", "link", "set", host_if, "master", BRIDGE, "up")
+        for cmd in (("ip", "addr", "add", f"{ip}/{PREFIX}", "dev", "eth0"), ("ip", "link", "set", "eth0", "up"),
+                    ("ip", "link", "set", "lo", "up"), ("ip", "route", "add", "default", "via", BRIDGE_IP)):
+            _sh("ip", "netns", "exec", netns, *cmd)
+
+    @staticmethod
+    def set_link(index: int, up: bool) -> None:
+        """Cut (or restore) a node's link: its pods can no longer reach their peers."""
+        _sh("ip", "link", "set", f"rtjv{index}", "up" if up else "down")
+
+    @staticmethod
+    def remove_node(netns: str, index: int) -> None:
+        _sh("ip", "link", "del", f"rtjv{index}", check=False)
+        _sh("ip", "netns", "del", netns, check=False)
+
+    @staticmethod
+    def down() -> None:
+        _sh("ip", "link", "del", BRIDGE, check=False)
+
+
+# --- cluster DNS -------------------------------------------------------------------------------------
+
+@dataclass
+class ClusterDNS:
+    """CoreDNS with the kubernetes plugin on the bridge address, as kube-dns is on EKS."""
+
+    cluster: LocalCluster
+    workdir: Path
+    ttl: int = 1
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ClusterDNS:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        corefile = self.workdir / "Corefile"
+        # No cache plugin and a short TTL: a new pod's record shows as soon as its EndpointSlice does.
+        corefile.write_text(f""".:53 {{
+    bind {BRIDGE_IP}
+    errors
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {self.cluster.kubeconfig}
+        pods insecure
+        ttl {self.ttl}
+    }}
+}}
+""")
+        log = (self.workdir / "coredns.log").open("ab")
+        self.proc = subprocess.Popen([str(kube_bin_dir() / "coredns"), "-conf", str(corefile)], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while "plugin/ready" not in (text := (self.workdir / "coredns.log").read_text()) and "CoreDNS-" not in text:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"coredns did not start: {text[-2000:]}")
+            time.sleep(0.2)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def resolve(name: str, server: str = BRIDGE_IP, timeout: float = 1.0) -> str | None:
+    """The first A record CoreDNS gives for `name` (a fully qualified name), or None."""
+    query = os.urandom(2) + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    query += b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split(".")) + b"\x00\x00\x01\x00\x01"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(query, (server, 53))
+            reply = sock.recv(4096)
+        except OSError:
+            return None
+    if reply[:2] != query[:2] or reply[3] & 0x0F or not int.from_bytes(reply[6:8], "big"):
+        return None  # another query's reply, an error (NXDOMAIN) or no answer
+    # The answers follow the question; each A answer ends with 4 address bytes.
+    pos = len(query)
+    while pos < len(reply):
+        pos += 2 if reply[pos] & 0xC0 == 0xC0 else reply.index(0, pos) + 1 - pos  # name: pointer or labels
+        rtype, length = int.from_bytes(reply[pos:pos + 2], "big"), int.from_bytes(reply[pos + 8:pos + 10], "big")
+        if rtype == 1 and length == 4:
+            return ".".join(str(b) for b in reply[pos + 10:pos + 14])
+        pos += 10 + length
+    return None
+
+
+# --- the node object and its lease -------------------------------------------------------------------
+
+class NodeRegistration:
+    """The Node (registered as the kubelet does) and its Lease, renewed every `lease_interval`."""
+
+    def __init__(self, cluster: LocalCluster, name: str, ip: str, zone: str, lease_interval: float = 1.0):
+        self.cluster, self.name, self.ip, self.zone = cluster, name, ip, zone
+        self.lease_interval = lease_interval
+
+    def register(self) -> None:
+        node = p5_node(self.name, self.zone)
+        labels = node["metadata"]["labels"]
+        for key in (KWOK_LABEL, "type"):  # kwok must leave this node alone
+            labels.pop(key, None)
+        labels[AGENT_LABEL] = "true"
+        node["metadata"]["annotations"] = {}
+        # Only pods meant for real processes land here: other tests' RTJs (steered through kwok)
+        # tolerate the GPU taint and select p5.48xlarge too.
+        node["spec"]["taints"].append({"key": AGENT_LABEL, "value": "true", "effect": "NoSchedule"})
+        self.cluster.api("DELETE", f"/api/v1/nodes/{self.name}", missing_ok=True)
+        self.cluster.api("POST", "/api/v1/nodes", node)
+        self.report_status()
+
+    def report_status(self) -> None:
+        now = _now()
+        conditions = [{"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": "ok",
+                       "lastHeartbeatTime": now, "lastTransitionTime": now}
+                      for t, r in (("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"),
+                                   ("PIDPressure", "SufficientPID"))]
+        conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                           "message": "rtj node agent is posting ready status",
+                           "lastHeartbeatTime": now, "lastTransitionTime": now})
+        capacity = p5_node(self.name)["status"]["capacity"]
+        self.cluster.api("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": {
+            "conditions": conditions, "capacity": capacity, "allocatable": capacity,
+            "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "rtj-nodeagent",
+                         "containerRuntimeVersion": "rtj-nodeagent://processes", "kernelVersion": os.uname().release,
+                         "kubeProxyVersion": "", "osImage": "local", "machineID": "", "systemUUID": "",
+                         "bootID": ""},
+        }}, content_type="application/strategic-merge-patch+json")
+
+    def renew_lease(self) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        spec = {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": _micro_now()}
+        if self.cluster.api("GET", path, missing_ok=True) is None:
+            node = self.cluster.api("GET", f"/api/v1/nodes/{self.name}")
+            self.cluster.api("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node["metadata"]["uid"]}]},
+                "spec": spec})
+        else:
+            self.cluster.api("PATCH", path, {"spec": spec}, content_type="application/merge-patch+json")
+
+
+# --- one pod's processes -----------------------------------------------------------------------------
+
+@dataclass
+class PodSandbox:
+    """A pod's container as a process tree in its own mount/UTS/PID namespaces inside the node's netns."""
+
+    pod: dict[str, Any]
+    node_ip: str
+    netns: str
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    killed: bool = False
+    kill_deadline: float = 0.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def container(self) -> dict[str, Any]:
+        return self.pod["spec"]["containers"][0]
+
+    def _env(self) -> dict[str, str]:
+        meta = self.pod["metadata"]
+        fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+                  "metadata.uid": meta["uid"], "spec.nodeName": self.pod["spec"].get("nodeName", ""),
+                  "status.podIP": self.node_ip, "status.hostIP": self.node_ip,
+                  f"metadata.annotations['{COMPLETION_INDEX}']": meta.get("annotations", {}).get(COMPLETION_INDEX, "")}
+        # rtj-worker, ft_launcher and python of the venv the agent runs in (the image's PATH).
+        bin_dir = Path(sys.executable).parent
+        env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOSTNAME": self.hostname, "HOME": "/root",
+               # This checkout's worker code, not whichever the venv was installed from.
+               "PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}", **self.extra_env}
+        for var in self.container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            elif ref := var.get("valueFrom", {}).get("fieldRef"):
+                env[var["name"]] = fields.get(ref["fieldPath"], "")
+        return env
+
+    @property
+    def hostname(self) -> str:
+        return self.pod["spec"].get("hostname") or self.pod["metadata"]["name"]
+
+    def _files(self) -> None:
+        spec, ns = self.pod["spec"], self.pod["metadata"]["namespace"]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "termination-log").write_text("")
+        search = f"{ns}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}"
+        (self.dir / "resolv.conf").write_text(f"nameserver {BRIDGE_IP}\nsearch {search}\noptions ndots:5\n")
+        fqdn = f"{self.hostname}.{spec['subdomain']}.{ns}.svc.{CLUSTER_DOMAIN}" if spec.get("subdomain") else ""
+        (self.dir / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n"
+                                        f"{self.node_ip}\t{fqdn} {self.hostname}\n")
+
+    def _mounts(self, volumes: dict[str, str]) -> list[str]:
+        """Shell lines run inside the new mount namespace before the container's command."""
+        lines = [f"hostname {shlex.quote(self.hostname)}"]
+        for name in ("resolv.conf", "hosts"):
+            lines.append(f"mount --bind {self.dir / name} /etc/{name}")
+        lines.append(f"touch /dev/termination-log && mount --bind {self.dir / 'termination-log'} /dev/termination-log")
+        for mount in self.container.get("volumeMounts", []):
+            target = shlex.quote(mount["mountPath"])
+            source = volumes.get(mount["name"])
+            if source == "tmpfs":
+                lines.append(f"mkdir -p {target} && mount -t tmpfs tmpfs {target}")
+            elif source:
+                lines.append(f"mkdir -p {target} && mount --bind {shlex.quote(source)} {target}")
+        lines.append("mount -t tmpfs tmpfs /tmp")  # a container's own /tmp (ft_launcher sockets)
+        return lines
+
+    def start(self, volumes: dict[str, str]) -> None:
+        self._files()
+        argv = [*self.container.get("command", []), *self.container.get("args", [])]
+        script = " && ".join(self._mounts(volumes)) + ' && exec "$@"'
+        log = (self.dir / "container.log").open("ab")
+        self.proc = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{self.netns}", "--", "unshare", "--mount", "--uts", "--pid",
+             "--fork", "--kill-child", "--mount-proc", "--propagation", "private", "--",
+             "/bin/sh", "-c", script, "sh", *argv],
+            env=self._env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd="/")
+        self.started_at = _now()
+
+    def _init_pid(self) -> int | None:
+        """The container's first process (PID 1 of its namespace): unshare's child."""
+        assert self.proc is not None
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def signal(self, sig: int) -> None:
+        pid = self._init_pid()
+        with contextlib.suppress(ProcessLookupError):
+            if pid is not None:
+                os.kill(pid, sig)  # SIGKILL of PID 1 ends every process of the pod
+            elif self.proc is not None and sig == signal.SIGKILL:
+                os.killpg(self.proc.pid, sig)
+
+    def exit_code(self) -> int | None:
+        if self.proc is None or (code := self.proc.poll()) is None:
+            return None
+        if not self.finished_at:
+            self.finished_at = _now()
+        return 128 - code if code < 0 else code  # a signal death reads 128 + signal, as runtimes report
+
+    def message(self, code: int) -> str:
+        text = (self.dir / "termination-log").read_text(errors="replace")[:MAX_MESSAGE]
+        if not text and code != 0 and self.container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            lines = (self.dir / "container.log").read_text(errors="replace").splitlines()[-80:]
+            text = "\n".join(lines)[-2048:]
+        return text
+
+
+# --- the agent -----------------------------------------------------------------------------------------
+
+class NodeAgent:
+    """One node: registration, lease, and the pods bound to it (polled, as a kubelet's watch would see)."""
+
+    def __init__(self, cluster: LocalCluster, name: str, index: int, workdir: Path, zone: str = "us-west-2a",
+                 poll: float = 0.3, extra_env: dict[str, str] | None = None, created_dirs: set[str] | None = None):
+        self.cluster, self.name, self.index = cluster, name, index
+        self.ip = f"10.77.0.{10 + index}"
+        self.netns = f"rtj-{name}"
+        self.workdir = workdir / name
+        self.registration = NodeRegistration(cluster, name, self.ip, zone)
+        self.poll, self.extra_env = poll, extra_env or {}
+        self.sandboxes: dict[str, PodSandbox] = {}  # by pod uid
+        self.reported: dict[str, str] = {}  # uid -> last status we wrote (json), to skip no-op patches
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+        self.created_dirs = created_dirs if created_dirs is not None else set()  # volumes made here
+
+    def start(self) -> NodeAgent:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        Network.add_node(self.netns, self.ip, self.index)
+        self.registration.register()
+        self.registration.renew_lease()
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop, args=(self.registration.renew_lease, 1.0),
+                                          name=f"{self.name}-lease", daemon=True),
+                         threading.Thread(target=self._loop, args=(self.registration.report_status, 10.0),
+                                          name=f"{self.name}-status", daemon=True),
+                         threading.Thread(target=self._loop, args=(self.sync, self.poll),
+                                          name=f"{self.name}-pods", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self, lose: bool = False) -> None:
+        """Stop the node. lose=True: as if the machine died (SIGKILL, no status, the Node stays)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+        for box in self.sandboxes.values():
+            box.signal(signal.SIGKILL)
+            if box.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    box.proc.wait(10)
+        self.sandboxes.clear()
+        Network.remove_node(self.netns, self.index)
+        if not lose:
+            self.cluster.api("DELETE", f"/api/v1/nodes/{self.name}", missing_ok=True)
+
+    def _loop(self, fn: Any, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                fn()
+            except Exception as exc:  # the API server may blip; a kubelet keeps going
+                self.errors.append(f"{fn.__name__}: {exc}")
+
+    # --- pods --------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        pods = self.cluster.api("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.name}")["items"]
+        seen = set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            seen.add(uid)
+            self._sync_pod(pod)
+        for uid in set(self.sandboxes) - seen:  # removed behind our back (force delete)
+            box = self.sandboxes.pop(uid)
+            box.signal(signal.SIGKILL)
+        for uid in set(self.reported) - seen:
+            del self.reported[uid]
+
+    def _sync_pod(self, pod: dict[str, Any]) -> None:
+        meta, uid = pod["metadata"], pod["metadata"]["uid"]
+        box = self.sandboxes.get(uid)
+        terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+        if meta.get("deletionTimestamp"):
+            self._delete(pod, box)
+            return
+        if box is None and not terminal:
+            box = self._start(pod)
+        if box is None:
+            return
+        code = box.exit_code()
+        if code is None:
+            self._report(pod, box, "Running")
+        else:
+            self._report(pod, box, "Succeeded" if code == 0 else "Failed", code)
+
+    def _volumes(self, pod: dict[str, Any]) -> dict[str, str]:
+        ns, volumes = pod["metadata"]["namespace"], {}
+        for volume in pod["spec"].get("volumes", []):
+            if "emptyDir" in volume:
+                volumes[volume["name"]] = "tmpfs"
+            elif claim := volume.get("persistentVolumeClaim"):
+                pvc = self.cluster.api("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim['claimName']}")
+                pv = self.cluster.api("GET", f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+                path = pv["spec"]["hostPath"]["path"]
+                if not Path(path).exists():  # DirectoryOrCreate
+                    self.created_dirs.add(path)
+                Path(path).mkdir(parents=True, exist_ok=True)
+                volumes[volume["name"]] = path
+            elif host := volume.get("hostPath"):
+                volumes[volume["name"]] = host["path"]
+        return volumes
+
+    def _start(self, pod: dict[str, Any]) -> PodSandbox | None:
+        try:
+            volumes = self._volumes(pod)  # a claim not yet bound: retry on the next sync, as kubelet does
+        except (KeyError, RuntimeError, TypeError):
+            self._report(pod, None, "Pending")
+            return None
+        meta = pod["metadata"]
+        box = PodSandbox(pod, self.ip, self.netns, self.workdir / f"{meta['name']}-{meta['uid'][:8]}",
+                         extra_env=self.extra_env)
+        box.start(volumes)
+        self.sandboxes[pod["metadata"]["uid"]] = box
+        return box
+
+    def _delete(self, pod: dict[str, Any], box: PodSandbox | None) -> None:
+        meta = pod["metadata"]
+        if box is not None and box.exit_code() is None:
+            if not box.killed:
+                box.killed = True
+                box.signal(signal.SIGTERM)
+                grace = meta.get("deletionGracePeriodSeconds", 30)
+                box.kill_deadline = time.monotonic() + grace
+            if time.monotonic() < box.kill_deadline:
+                return
+            box.signal(signal.SIGKILL)
+            assert box.proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                box.proc.wait(10)
+        if box is not None and (code := box.exit_code()) is not None:
+            self._report(pod, box, "Succeeded" if code == 0 else "Failed", code)
+        elif pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            self._report(pod, None, "Failed", 137)
+        self.sandboxes.pop(meta["uid"], None)
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        with contextlib.suppress(RuntimeError):  # gone already, or uid changed
+            self.cluster.api("DELETE", path, {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                                              "preconditions": {"uid": meta["uid"]}})
+
+    def _report(self, pod: dict[str, Any], box: PodSandbox | None, phase: str, code: int | None = None) -> None:
+        meta, now = pod["metadata"], _now()
+        name = pod["spec"]["containers"][0]["name"]
+        ready = "True" if phase == "Running" else "False"
+        if code is not None:
+            state: dict[str, Any] = {"terminated": {
+                "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "message": box.message(code) if box else "", "startedAt": box.started_at if box else now,
+                "finishedAt": (box.finished_at if box else "") or now}}
+        elif phase == "Running":
+            state = {"running": {"startedAt": box.started_at if box else now}}
+        else:
+            state = {"waiting": {"reason": "ContainerCreating"}}
+        status: dict[str, Any] = {
+            "phase": phase, "hostIP": self.ip, "hostIPs": [{"ip": self.ip}], "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}], "startTime": (box.started_at if box else "") or now,
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": now} for t, s in (
+                ("PodReadyToStartContainers", "True"), ("Initialized", "True"), ("Ready", ready),
+                ("ContainersReady", ready))],
+            "containerStatuses": [{"name": name, "image": pod["spec"]["containers"][0].get("image", ""),
+                                   "imageID": "", "ready": ready == "True", "restartCount": 0,
+                                   "started": phase == "Running", "state": state}],
+        }
+        # Compare without timestamps, so an unchanged pod costs no write.
+        key = json.dumps([phase, code, ready, state.get("terminated", {}).get("message")])
+        if self.reported.get(meta["uid"]) == key:
+            return
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        try:
+            self.cluster.api("PATCH", path, {"metadata": {"uid": meta["uid"]}, "status": status},
+                             content_type="application/strategic-merge-patch+json")
+            self.reported[meta["uid"]] = key
+        except RuntimeError as exc:
+            self.errors.append(f"status of {meta['name']}: {exc}")
+
+
+# --- a set of nodes with DNS -----------------------------------------------------------------------
+
+class AgentNodes:
+    """N agent nodes and CoreDNS on one cluster; `stop()` removes everything (processes, netns, bridge)."""
+
+    def __init__(self, cluster: LocalCluster, count: int = 3, workdir: Path | None = None, prefix: str = "p5-agent",
+                 extra_env: dict[str, str] | None = None):
+        self.cluster = cluster
+        self.workdir = workdir or (cluster.workdir or Path("/tmp")) / "agents"  # type: ignore[operator]
+        self.volumes: set[str] = set()  # hostPath volumes the agents created, removed on stop
+        self.agents = [NodeAgent(cluster, f"{prefix}-{i}", i, self.workdir, extra_env=extra_env,
+                                 created_dirs=self.volumes) for i in range(count)]
+        self.dns = ClusterDNS(cluster, self.workdir / "coredns")
+
+    def start(self) -> AgentNodes:
+        try:
+            Network.up()
+            self.dns.start()
+            for agent in self.agents:
+                agent.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            with contextlib.suppress(Exception):
+                agent.stop()
+        self.dns.stop()
+        Network.down()
+        for path in self.volumes:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def by_name(self, name: str) -> NodeAgent:
+        return next(a for a in self.agents if a.name == name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rtj_dev.nodeagent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="run agent nodes and CoreDNS on a running local cluster until interrupted")
+    up.add_argument("--cluster", type=Path, required=True, help="the --dir of `localcluster up`")
+    up.add_argument("--nodes", type=int, default=3)
+    args = parser.parse_args(argv)
+    nodes = AgentNodes(LocalCluster.attach(args.cluster), args.nodes).start()
+    print(f"{args.nodes} agent nodes up: {', '.join(a.name + '=' + a.ip for a in nodes.agents)}; DNS {BRIDGE_IP}",
+          flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        nodes.stop()
+        shutil.rmtree(nodes.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
