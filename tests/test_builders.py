@@ -186,3 +186,10 @@ def test_job_env_carries_uid_nccl_timeout_and_no_progress_limit_and_reserves_thr
     ports = job["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert [(p["name"], p["containerPort"]) for p in ports] == [
         ("rendezvous", 29400), ("store", 29401), ("inprocess-store", 29402)]
+
+
+def test_default_requests_never_exceed_a_limit_the_user_set():
+    """Found by the fuzz test: 160 CPUs requested under a 1-CPU limit is a Job the API server rejects."""
+    resources = build_job(rtj(resources={"limits": {"cpu": "1"}}))["spec"]["template"]["spec"]["containers"][0][
+        "resources"]
+    assert "cpu" not in {k for k in resources["requests"] if k != GPU} and resources["requests"]["memory"] == "1600Gi"

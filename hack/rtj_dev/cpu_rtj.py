@@ -16,8 +16,10 @@ from .nodeagent import AGENT_LABEL
 
 MOUNT = "/checkpoints"
 TOLERATIONS = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in ("nvidia.com/gpu", AGENT_LABEL)]
-RESILIENCY = {"heartbeatTimeoutSeconds": 15, "initialHeartbeatTimeoutSeconds": 60, "monitorIntervalSeconds": 1,
-              "rendezvousTimeoutSeconds": 60, "inProcessRestart": {"softTimeoutSeconds": 30, "hardTimeoutSeconds": 45}}
+# Short, in the order the operator validates: collective < in-process soft < hard < heartbeat < initial.
+RESILIENCY = {"ncclTimeoutSeconds": 10, "heartbeatTimeoutSeconds": 15, "initialHeartbeatTimeoutSeconds": 60,
+              "monitorIntervalSeconds": 1, "rendezvousTimeoutSeconds": 60,
+              "inProcessRestart": {"softTimeoutSeconds": 12, "hardTimeoutSeconds": 14}}
 
 
 def cpu_rtj(ns: str, name: str, train_args: list[str], steps: int = 60, interval: int = 10,

@@ -113,6 +113,23 @@ def training_command(command: list[str]) -> list[str]:
     return command
 
 
+def _top_level_exists(name: str) -> bool:
+    """Whether `python -m name...` would find the top-level package, importing nothing (a package's
+    __init__ may import torch). Path entries first (with the working directory, as `-m` has it), then
+    the meta-path finders, which is where an editable install (setuptools' finder) is found."""
+    if importlib.machinery.PathFinder.find_spec(name, [os.getcwd(), *sys.path]) is not None:
+        return True
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            if finder.find_spec(name, None) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
 def _check_python_target(args: list[str]) -> None:
     i = 0
     while i < len(args):
@@ -122,8 +139,7 @@ def _check_python_target(args: list[str]) -> None:
         if arg == "-m" or (arg.startswith("-m") and len(arg) > 2):
             module = args[i + 1] if arg == "-m" and i + 1 < len(args) else arg[2:]
             top = module.split(".")[0]
-            # PathFinder does not import anything (a package's __init__ may import torch).
-            if not module or importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            if not module or not _top_level_exists(top):
                 raise ConfigError(f"training module {module!r} not found")
             return
         if arg in _PYTHON_OPTS_WITH_VALUE:

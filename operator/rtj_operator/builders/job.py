@@ -114,7 +114,10 @@ def _resources(rtj: RTJ) -> dict[str, Any]:
     gpus = rtj.spec["gpusPerNode"]
     requests = _as_dict(resources.get("requests"))
     if gpus > 0 and "cpu" not in requests and "memory" not in requests:
-        resources["requests"].update({"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_PER_GPU_GI * gpus}Gi"})
+        # A limit alone already sets the request (the API server defaults it to the limit).
+        limits = _as_dict(resources.get("limits"))
+        defaults = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_PER_GPU_GI * gpus}Gi"}
+        resources["requests"].update({k: v for k, v in defaults.items() if k not in limits})
     return resources
 
 
