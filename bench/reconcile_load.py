@@ -234,12 +234,18 @@ def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
         watch_rtjs(kube, run_names, "Running", timeout=120 + running)
         ns, name = next(iter(run_names))
         pod = kube.list("Pod", ns, {api.LABEL_NAME: name})[0]
-        failed_at = time.monotonic()
+        asked_at = time.monotonic()
         kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
             "kwok.rtj.dev/exit-code": "1"}}})
+        failed_at = None  # when the API server has the pod Failed (kwok's part is done)
         while (kube.get(api.KIND, name, ns).get("status") or {}).get("jobRestarts", 0) < 1:
+            if failed_at is None and (kube.get("Pod", pod["metadata"]["name"], ns) or {}).get(
+                    "status", {}).get("phase") == "Failed":
+                failed_at = time.monotonic()
             time.sleep(0.05)
-        counted = time.monotonic() - failed_at
+        counted_at = time.monotonic()
+        counted = counted_at - (failed_at or asked_at)
+        kwok_part = (failed_at or counted_at) - asked_at
         fresh_ns = namespaces(cluster, kube, "fresh", 10)
         started = time.monotonic()
         fresh_names = create_rtjs(kube, fresh_ns, fresh, "new", spec=pend_spec)
@@ -249,9 +255,11 @@ def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
                     if (o.get("status") or {}).get("phase")} & set(fresh_names)
             time.sleep(1)
         all_status = time.monotonic() - started
-    print(f"| target | measured |\n|---|---|\n| pod failure counted, {running} Running + {pending} Pending RTJs "
-          f"(target < 2 s) | {counted:.2f} s |\n| {fresh} new RTJs all with status, {running + pending} already there "
-          f"(target < 120 s) | {all_status:.0f} s ({len(seen)}/{fresh}) |")
+    print("| target | measured |\n|---|---|")
+    print(f"| pod failure counted after the pod is Failed, {running} Running + {pending} Pending RTJs "
+          f"(target < 2 s) | {counted:.2f} s (kwok took {kwok_part:.2f} s before that) |")
+    print(f"| {fresh} new RTJs all with status, {running + pending} already there (target < 120 s) "
+          f"| {all_status:.0f} s ({len(seen)}/{fresh}) |")
 
 
 def main() -> None:

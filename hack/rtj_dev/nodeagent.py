@@ -254,7 +254,7 @@ class PodSandbox:
         # rtj-worker, ft_launcher and python of the venv the agent runs in (the image's PATH).
         bin_dir = Path(sys.executable).parent
         env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOSTNAME": self.hostname, "HOME": "/root",
+               "HOSTNAME": self.hostname, "HOME": "/root", "TMPDIR": str(self.dir / "tmp"),
                # This checkout's worker code, not whichever the venv was installed from.
                "PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}", **self.extra_env}
         for var in self.container.get("env", []):
@@ -270,7 +270,7 @@ class PodSandbox:
 
     def _files(self) -> None:
         spec, ns = self.pod["spec"], self.pod["metadata"]["namespace"]
-        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "tmp").mkdir(parents=True, exist_ok=True)
         (self.dir / "termination-log").write_text("")
         search = f"{ns}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}"
         (self.dir / "resolv.conf").write_text(f"nameserver {BRIDGE_IP}\nsearch {search}\noptions ndots:5\n")
@@ -291,7 +291,8 @@ class PodSandbox:
                 lines.append(f"mkdir -p {target} && mount -t tmpfs tmpfs {target}")
             elif source:
                 lines.append(f"mkdir -p {target} && mount --bind {shlex.quote(source)} {target}")
-        lines.append("mount -t tmpfs tmpfs /tmp")  # a container's own /tmp (ft_launcher sockets)
+        # No tmpfs over /tmp: the checkout and its venv may live there (a CI clone does). The pod gets its
+        # own TMPDIR instead (ft_launcher's sockets, torch's files).
         return lines
 
     def start(self, volumes: dict[str, str]) -> None:
