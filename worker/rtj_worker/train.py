@@ -309,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     base_store = dist.TCPStore(host_name=host, port=port + ranks.APP_STORE_OFFSET, world_size=world,
                                is_master=node_rank == 0 and local_rank == 0, multi_tenant=True,
                                wait_for_workers=True, use_libuv=True)
-    generation = f"{os.environ.get('RTJ_ATTEMPT', '0')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    rank = ranks.numeric_rank(base_store, launcher_rank, world, node_rank, local_rank, f"ranks/{generation}")
+    # The store is new at every worker-group start (its server is this group's node-0 rank-0 process),
+    # so the gang attempt alone names the keys. Not TORCHELASTIC_RESTART_COUNT: it differs between
+    # nodes (a node restarted for a peer's failure does not count it), and the ranks of a multi-node
+    # group then waited on different keys for ever (found end to end with 2 nodes).
+    rank = ranks.numeric_rank(base_store, launcher_rank, world, node_rank, local_rank,
+                              f"ranks/{os.environ.get('RTJ_ATTEMPT', '0')}")
     os.environ["RANK"] = str(rank)  # inprocess.Wrapper and train() read it
     ckpt = Checkpointer(args.checkpoint_dir, rank, world, use_async=not args.sync_checkpoint,
                         keep=args.checkpoint_keep, uid=os.environ.get("RTJ_UID", ""))
