@@ -159,6 +159,19 @@ def image_policy(cluster, kube, ns):
     cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", {
         "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}}})
+
+    def enforced() -> bool:
+        # The API server loads new policies asynchronously: probe with a dry run until it denies.
+        probe = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe", "namespace": ns},
+                 "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                                "containers": [{"name": "c", "image": "elsewhere/x:1"}]}}}}
+        try:
+            kube.create(probe, dry_run=True)
+        except KubeError as exc:
+            return "registry.internal" in str(exc)
+        return False
+
+    wait_until(enforced, what="the admission policy enforced", interval=0.5)
     yield
     for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
         cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}", missing_ok=True)
