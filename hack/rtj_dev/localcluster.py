@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -474,6 +474,11 @@ def main(argv: list[str] | None = None) -> None:
     cluster.start()
     print(f"local cluster ready in {time.monotonic() - started:.1f}s; export KUBECONFIG={cluster.kubeconfig}",
           flush=True)
+    serve_until_stopped(cluster.stop)
+
+
+def serve_until_stopped(stop: Callable[[], None]) -> None:
+    """The `up` commands: keep running until Ctrl-C or SIGTERM, then `stop`."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
@@ -481,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
-        cluster.stop()
+        stop()
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .localcluster import KWOK_LABEL, LocalCluster, kube_bin_dir, p5_node
+from .localcluster import KWOK_LABEL, LocalCluster, kube_bin_dir, p5_node, serve_until_stopped
 
 BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
 AGENT_LABEL = "rtj.dev/node-agent"  # RTJs select these nodes (kwok nodes run no processes)
@@ -568,15 +568,11 @@ def main(argv: list[str] | None = None) -> None:
     nodes = AgentNodes(LocalCluster.attach(args.cluster), args.nodes).start()
     print(f"{args.nodes} agent nodes up: {', '.join(a.name + '=' + a.ip for a in nodes.agents)}; DNS {BRIDGE_IP}",
           flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        while True:
-            time.sleep(3600)
-    except (KeyboardInterrupt, SystemExit):
-        pass
-    finally:
+    def stop() -> None:
         nodes.stop()
         shutil.rmtree(nodes.workdir, ignore_errors=True)
+
+    serve_until_stopped(stop)
 
 
 if __name__ == "__main__":
