@@ -222,7 +222,7 @@ def run_sizes(sizes: list[int], nodes: int) -> None:
               f"| {wall:.0f} / {floor_wall:.0f} s | {cpu / n:.3f} | {requests / n:.1f} | {rss:.0f} MB |")
 
 
-def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
+def run_targets(running: int, pending: int, fresh: int, nodes: int, samples: int = 5) -> None:
     """Issue 9.10: a pod failure among running+pending RTJs counted within 2 s; `fresh` RTJs all with
     status within 2 minutes."""
     with operator_on_local_cluster(nodes) as (cluster, kube, _operator):
@@ -232,20 +232,21 @@ def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
         pend_spec = {**SPEC, "placement": {**SPEC["placement"], "instanceType": "p4d.24xlarge"}}
         create_rtjs(kube, ns_names, pending, "pend", spec=pend_spec)
         watch_rtjs(kube, run_names, "Running", timeout=120 + running)
-        ns, name = next(iter(run_names))
-        pod = kube.list("Pod", ns, {api.LABEL_NAME: name})[0]
-        asked_at = time.monotonic()
-        kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
-            "kwok.rtj.dev/exit-code": "1"}}})
-        failed_at = None  # when the API server has the pod Failed (kwok's part is done)
-        while (kube.get(api.KIND, name, ns).get("status") or {}).get("jobRestarts", 0) < 1:
-            if failed_at is None and (kube.get("Pod", pod["metadata"]["name"], ns) or {}).get(
-                    "status", {}).get("phase") == "Failed":
-                failed_at = time.monotonic()
-            time.sleep(0.05)
-        counted_at = time.monotonic()
-        counted = counted_at - (failed_at or asked_at)
-        kwok_part = (failed_at or counted_at) - asked_at
+        counted, kwok_part = [], []
+        for ns, name in list(run_names)[:samples]:  # one pod failure at a time, in different RTJs
+            pod = kube.list("Pod", ns, {api.LABEL_NAME: name})[0]
+            asked_at = time.monotonic()
+            kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
+                "kwok.rtj.dev/exit-code": "1"}}})
+            failed_at = None  # when the API server has the pod Failed (kwok's part is done)
+            while (kube.get(api.KIND, name, ns).get("status") or {}).get("jobRestarts", 0) < 1:
+                if failed_at is None and (kube.get("Pod", pod["metadata"]["name"], ns) or {}).get(
+                        "status", {}).get("phase") == "Failed":
+                    failed_at = time.monotonic()
+                time.sleep(0.05)
+            counted_at = time.monotonic()
+            counted.append(counted_at - (failed_at or asked_at))
+            kwok_part.append((failed_at or counted_at) - asked_at)
         fresh_ns = namespaces(cluster, kube, "fresh", 10)
         started = time.monotonic()
         fresh_names = create_rtjs(kube, fresh_ns, fresh, "new", spec=pend_spec)
@@ -257,7 +258,8 @@ def run_targets(running: int, pending: int, fresh: int, nodes: int) -> None:
         all_status = time.monotonic() - started
     print("| target | measured |\n|---|---|")
     print(f"| pod failure counted after the pod is Failed, {running} Running + {pending} Pending RTJs "
-          f"(target < 2 s) | {counted:.2f} s (kwok took {kwok_part:.2f} s before that) |")
+          f"(target < 2 s), {len(counted)} failures | median {pct(counted, 50):.2f} s, max {max(counted):.2f} s "
+          f"(kwok took a median {pct(kwok_part, 50):.2f} s before that) |")
     print(f"| {fresh} new RTJs all with status, {running + pending} already there (target < 120 s) "
           f"| {all_status:.0f} s ({len(seen)}/{fresh}) |")
 
@@ -270,9 +272,10 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=500)
     parser.add_argument("--pending", type=int, default=500)
     parser.add_argument("--fresh", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=5, help="pod failures timed (--targets)")
     args = parser.parse_args()
     if args.targets:
-        run_targets(args.running, args.pending, args.fresh, args.nodes)
+        run_targets(args.running, args.pending, args.fresh, args.nodes, args.samples)
     else:
         run_sizes([int(s) for s in args.sizes.split(",")], args.nodes)
 

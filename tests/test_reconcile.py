@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime
 
-from conftest import rtj_body, wait_until
+from conftest import Job, rtj_body, wait_until
 from rtj_operator import api
 from rtj_operator.controller import run_pass, status_patch
 from rtj_operator.kube import Kube, configure
 from rtj_operator.reconcile import reconcile
+from rtj_worker import exit_codes
 
 WRITES = {"create", "patch", "patch/status", "delete", "create/eviction"}
 
@@ -63,3 +64,22 @@ def test_status_patch_sets_changes_and_removes_keys_but_not_kopfs():
     new = {"phase": "Running", "restarts": 2}
     assert status_patch(old, new) == {"restarts": 2, "restartStartedTime": None}
     assert status_patch(new, dict(new)) is None
+
+
+def test_a_peer_failure_with_no_cause_in_sight_is_charged_to_the_job_after_a_while(cluster, kube, ns,
+                                                                                 operator_token):
+    """RendezvousHostLost waits for a lost node or a charged failure to explain it; when neither shows
+    within PEER_ATTRIBUTION_SECONDS, the job pays (else a job whose node 0 keeps crashing in some way
+    the operator cannot see would restart for free)."""
+    kube.create(rtj_body(namespace=ns))
+    client, _ = recording(cluster, operator_token)
+    converge(client, ns)
+    job = Job(kube, ns)
+    survivor = job.running_pods()[1]
+    job.exit_pod(survivor, exit_codes.RENDEZVOUS_HOST_LOST)
+    wait_until(lambda: any(p["status"].get("phase") == "Failed" for p in job.pods()), what="the pod Failed")
+    run_pass(client, ns, "train")
+    rtj = kube.get(api.KIND, "train", ns)
+    assert rtj["status"].get("jobRestarts", 0) == 0 and rtj["status"].get("disruptions", 0) == 0
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=61)
+    assert reconcile(kube, rtj, later).status["jobRestarts"] == 1

@@ -181,6 +181,36 @@ def test_forged_pods_with_the_jobs_labels_are_not_counted(rtj, kube, ns, operato
     assert st.get("lastCheckpointStep", 0) != 999
 
 
+@pytest.mark.parametrize("first", ["the survivor's failure", "the node's disruption"])
+def test_a_lost_node_and_the_failure_it_causes_are_charged_once(rtj, kube, ns, operator, lost_nodes, cluster, first):
+    """Issue 11: node 0 hosts the rendezvous store, so its loss ends the other pods' launchers too
+    (RendezvousHostLost, measured end to end), before or after the control plane and the grace period
+    have judged the node lost. One loss, one charge, whichever the operator sees first; both pods are
+    replaced."""
+    rtj.create(restartBudget={**FAST, "nodeLossGraceSeconds": 4 if first == "the node's disruption" else 8})
+    rtj.wait_running()
+    node0, survivor = sorted(rtj.running_pods(), key=lambda p: p["metadata"]["labels"][
+        "batch.kubernetes.io/job-completion-index"])
+    node = node0["spec"]["nodeName"]
+    lost_nodes(node)
+    if first == "the node's disruption":
+        wait_until(lambda: rtj.status().get("disruptions") == 1, timeout=60, what="the disruption charged",
+                   interval=0.05)
+    else:
+        wait_until(lambda: recovery.node_loss(cluster.api("GET", f"/api/v1/nodes/{node}"),
+                                              datetime.datetime.now(datetime.UTC))[0] != "",
+                   timeout=30, what="node NotReady", interval=0.05)
+    rtj.exit_pod(survivor, exit_codes.RENDEZVOUS_HOST_LOST)
+    wait_until(lambda: {p["metadata"]["uid"] for p in rtj.running_pods()}.isdisjoint(
+        {node0["metadata"]["uid"], survivor["metadata"]["uid"]}) and len(rtj.running_pods()) == 2,
+        timeout=90, what="both pods replaced")
+    st = rtj.wait_running(nodes=2, timeout=60)
+    assert (st["disruptions"], st["jobRestarts"], st["restarts"]) == (1, 0, 1), st
+    assert st["restartsByTier"] == {"ReplacePod": 1, "GangRestart": 0}
+    if first == "the node's disruption":
+        assert "NotCharged" in rtj.reasons()
+
+
 def test_failed_rendezvous_recreates_the_whole_gang_once(rtj, kube, ns, operator):
     """Issue 8.b: ranks exit at different moments and Foreground deletion keeps the old pods visible;
     the failure is still charged once per gang attempt."""
@@ -334,6 +364,7 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod("Failed", deleting_since=1, **terminated(143)), node(), recovery.PLATFORM, "PodDeleted", ""),
     (pod("Failed", **terminated(70)), node(), recovery.JOB_FAILURE, "LauncherRestartsExhausted", ""),
     (pod("Failed", **terminated(71)), node(), recovery.RENDEZVOUS, "RendezvousFailed", ""),
+    (pod("Failed", **terminated(72)), node(), recovery.PEER, "RendezvousHostLost", ""),
     (pod("Failed", **terminated(64)), node(), recovery.PERMANENT, "ConfigError", ""),
     (pod("Failed", reason="Evicted", message="low memory"), node(), recovery.PLATFORM, "Evicted", ""),
     (pod("Failed", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,12 +234,15 @@ FAKE_LAUNCHER = ("import subprocess, sys; print(sys.argv[1], flush=True); "
 @pytest.mark.parametrize("line, runs_ranks, code", [
     ("rendezvous timed out", False, exit_codes.RENDEZVOUS_FAILED),
     ("a rank failed", True, exit_codes.LAUNCHER_BUDGET_EXHAUSTED),
+    ("Agent .run() raised exception, e=RendezvousConnectionError('The connection to the C10d store has failed.')",
+     True, exit_codes.RENDEZVOUS_HOST_LOST),
     (f"[default] {NO_PROGRESS_LINE}. No more restarts will be attempted.", True, exit_codes.PERMANENT_FAILURE),
 ])
 def test_the_launchers_outcome_is_classified_on_the_launcher_side(tmp_path, monkeypatch, line, runs_ranks, code):
     monkeypatch.setattr(entrypoint, "launcher_argv", lambda cfg, command: [
         sys.executable, "-c", FAKE_LAUNCHER, line, *(command if runs_ranks else [])])
-    env = {**local.local_env(tmp_path), "RTJ_TERMINATION_LOG": str(tmp_path / "t")}
+    # Node 1: node 0 hosts the store itself, so only other nodes can lose it.
+    env = {**local.local_env(tmp_path), "RTJ_TERMINATION_LOG": str(tmp_path / "t"), "NODE_RANK": "1"}
     assert run(["python", "-c", "import time; time.sleep(0.5)"], env) == code
 
 
@@ -289,3 +294,60 @@ def test_rtj_worker_help_exits_zero():
                             timeout=60)
     assert result.returncode == 0
     assert "rtj-worker -- python -m rtj_worker.train" in result.stdout
+
+
+def _rank_monitor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A real NVRx rank monitor server, configured as rtj_worker.launch configures ft_launcher for the
+    installed NVRx (heartbeats with 0.4, sections with 0.6), and this process as rank 0 of it."""
+    import multiprocessing
+
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+    from rtj_worker.launch import nvrx_version
+
+    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=600, rank_heartbeat_timeout=600,
+                               workload_check_interval=1)
+    if sections := nvrx_version() >= (0, 6):
+        cfg.rank_section_timeouts = {"setup": 600, "step": 600, "checkpointing": 600}
+        cfg.rank_out_of_section_timeout = 600
+    socket_path = str(tmp_path / "rmon.socket")
+    for name, value in {"FT_RANK_MONITOR_IPC_SOCKET": socket_path, "RANK": "0", "LOCAL_RANK": "0",
+                        "WORLD_SIZE": "1", "RTJ_FT_SECTIONS": "1" if sections else "0"}.items():
+        monkeypatch.setenv(name, value)
+    server = RankMonitorServer.run_in_subprocess(cfg, socket_path, mp_ctx=multiprocessing.get_context("fork"))
+    return server
+
+
+def test_a_worker_restart_during_an_in_process_restart_leaves_the_rank_monitor_usable(tmp_path, monkeypatch):
+    """The race between the two layers, at the rank monitor: a rank reconnects for a new in-process
+    iteration, and ft_launcher ends that connection (it restarts the workers because another node
+    started a new round) before the rank said anything. The respawned worker's heartbeats must still
+    be accepted; NVRx's monitor refuses them for good once it has seen two connection losses in a row
+    without a message between them (its state ABORTED), so the rank speaks as soon as it connects."""
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    from rtj_worker.train import Sections
+
+    server = _rank_monitor(tmp_path, monkeypatch)
+    try:
+        worker = RankMonitorClient()
+        section = Sections(worker)
+        section.connect()
+        with section.setup():
+            pass
+        worker.send_heartbeat()  # training
+        section.connect()  # an in-process restart: a new iteration reconnects...
+        worker.rank_monitor_socket.close()  # ...and the launcher kills the worker before setup ends
+        respawned = RankMonitorClient()
+        section = Sections(respawned)
+        section.connect()
+        with section.setup():
+            pass
+        for _ in range(3):  # refused (RankMonitorClientError) when the monitor is ABORTED; NVRx 0.6 does
+            respawned.send_heartbeat()  # not wait for replies: its monitor closes the connection instead
+            time.sleep(0.3)
+        respawned.shutdown_workload_monitoring()
+    finally:
+        server.terminate()
+        server.join(10)

@@ -1,10 +1,18 @@
-"""`make demo`: the operator end to end on a local control plane, as a user would drive it.
+"""`make demo`: real training under the operator on a local control plane, one fault per recovery layer.
 
-Upstream kube-apiserver, etcd, kube-controller-manager and kube-scheduler with kwok playing the
-kubelets of p5.48xlarge nodes (see localcluster.py; the first run builds them from Go modules).
-`helm install` of the chart, the operator as a process authenticated as the chart's ServiceAccount,
-`kubectl apply` of the local example, then a node loss seen by the real node-lifecycle controller
-and answered by the operator, and an invalid edit reported as InvalidSpec while the pods keep running.
+Upstream kube-apiserver, etcd, kube-controller-manager and kube-scheduler (localcluster.py; the first
+run builds them from Go modules), three node agents that run pods as real processes with CoreDNS
+(nodeagent.py; needs root), `helm install` of the chart and the operator as a process authenticated
+as the chart's ServiceAccount. Then `kubectl apply` of a 2-node x 2-rank CPU ResilientTrainingJob
+whose schedule injects an exception (rank 3, step 25) and a SIGKILL (rank 1, step 45); the demo then
+loses node 1 once step 64 is reached. Each fault must be recovered by its own layer:
+
+- the exception in process (inprocess.Wrapper): same processes, next iteration;
+- the SIGKILL by ft_launcher inside the same pod: new processes, same pods;
+- the node loss by the operator: only that pod is replaced, the other rejoins the new round.
+
+The RTJ's counters and events move only for the last one; the worker's timeline (events.jsonl on
+the shared checkpoint volume) shows the other two. A summary table ends the demo.
 """
 
 from __future__ import annotations
@@ -17,25 +25,32 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from rtj_worker import events
+
+from .cpu_rtj import cpu_rtj, shared_dir
 from .localcluster import ROOT, LocalCluster
+from .nodeagent import AgentNodes
 
 TOOLS = ROOT / ".tools" / "bin"
-EXAMPLE = ROOT / "examples" / "rtj-local.yaml"
+NS, NAME = "demo", "train"
+STEPS, INTERVAL = 100, 10
+FAULTS = [("3:25:exc", "an exception in rank 3 at step 25"), ("1:45:sigkill", "SIGKILL of rank 1 at step 45")]
+LOSE_AT_STEP = 64  # past the checkpoint at step 60
 
 
 class Demo:
-    def __init__(self, cluster: LocalCluster, ns: str, name: str):
-        self.cluster, self.ns, self.name = cluster, ns, name
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
 
-    def sh(self, *args: str, show: bool = True, input: str | None = None, check: bool = True) -> str:
-        tool = args[0]
+    def sh(self, *args: str, show: bool = True, check: bool = True) -> str:
         if show:
             print(f"\n$ {' '.join(args)}", flush=True)
-        result = subprocess.run([str(TOOLS / tool), *args[1:]], env=self.cluster.env(), text=True,
-                                capture_output=True, input=input)
+        result = subprocess.run([str(TOOLS / args[0]), *args[1:]], env=self.cluster.env(), text=True,
+                                capture_output=True)
         out = (result.stdout + result.stderr).rstrip()
         if show and out:
             print(out, flush=True)
@@ -43,71 +58,137 @@ class Demo:
             raise RuntimeError(f"{' '.join(args)} failed: {out}")
         return result.stdout
 
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = 120.0) -> float:
-        start = time.monotonic()
-        while not check():
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"timed out waiting for {what}")
-            time.sleep(0.5)
-        return time.monotonic() - start
+    @staticmethod
+    def wait(what: str, check: Callable[[], Any], timeout: float = 180.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (result := check()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(0.3)
+        return result
 
-    def status(self) -> dict:
-        out = self.sh("kubectl", "get", "rtj", "-n", self.ns, self.name, "-o", "yaml", show=False)
+    def status(self) -> dict[str, Any]:
+        out = self.sh("kubectl", "get", "rtj", "-n", NS, NAME, "-o", "yaml", show=False)
         return (yaml.safe_load(out) or {}).get("status") or {}
 
-    def pods(self) -> list[dict]:
-        out = self.sh("kubectl", "get", "pods", "-n", self.ns, "-o", "yaml", show=False)
-        return [p for p in yaml.safe_load(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+    def pods(self) -> dict[str, str]:
+        """Running pods by completion index: uid."""
+        out = self.sh("kubectl", "get", "pods", "-n", NS, "-o", "yaml", show=False)
+        return {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["metadata"]["uid"]
+                for p in yaml.safe_load(out)["items"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+
+    def timeline(self) -> list[dict[str, Any]]:
+        path = shared_dir(self.cluster, NS, NAME)
+        return events.read(path / "events.jsonl") if path else []
+
+    def step(self) -> int:
+        return max((e["step"] for e in self.timeline() if e["event"] == "step"), default=0)
+
+    def resumed_after(self, t: float) -> list[dict[str, Any]]:
+        """The four rank starts that follow time t, once all four happened."""
+        starts = [e for e in self.timeline() if e["event"] == "start" and e["t"] > t]
+        return starts if len({e["rank"] for e in starts}) == 4 else []
+
+    def show(self) -> None:
+        self.sh("kubectl", "get", "rtj", "-n", NS)
+        self.sh("kubectl", "get", "pods", "-n", NS, "-o", "wide")
 
 
-def run(example: Path) -> int:
-    body = yaml.safe_load(example.read_text())
-    ns, name = body["metadata"].get("namespace", "default"), body["metadata"]["name"]
+def layer(before: list[dict[str, Any]], after: list[dict[str, Any]], pods_before: dict[str, str],
+          pods_after: dict[str, str]) -> str:
+    """Which layer recovered, from what the ranks and pods did: the same processes in a new iteration
+    (in process), new processes in the same pods (ft_launcher), or a new pod (the operator)."""
+    if pods_before != pods_after:
+        return "operator (pod replaced)"
+    if sorted(e["pid"] for e in before) == sorted(e["pid"] for e in after):
+        return "in-process restart (same processes)"
+    return "ft_launcher respawn (same pods)"
+
+
+def run() -> int:
+    if os.geteuid() != 0:
+        print("make demo runs pods as processes in network and mount namespaces: run it as root.")
+        return 2
     started = time.monotonic()
-    cluster = LocalCluster(nodes=4).start()
+    cluster = LocalCluster(nodes=2).start()
+    agents: AgentNodes | None = None
     operator: subprocess.Popen[bytes] | None = None
     try:
+        agents = AgentNodes(cluster, 3).start()
         print(f"Local control plane up in {time.monotonic() - started:.1f}s: kube-apiserver, etcd, "
-              f"kube-controller-manager, kube-scheduler, kwok ({cluster.nodes} p5.48xlarge nodes).")
-        demo = Demo(cluster, ns, name)
+              "kube-controller-manager, kube-scheduler, CoreDNS; 3 node agents that run pods as processes "
+              "(and 2 kwok nodes that run nothing).")
+        demo = Demo(cluster)
         demo.sh("kubectl", "get", "nodes", "-L", "node.kubernetes.io/instance-type")
         demo.sh("helm", "install", "rtj-operator", str(ROOT / "charts" / "rtj-operator"), "-n", "rtj-system",
                 "--create-namespace", "--set", "replicaCount=0", "--wait")
-        print("\n(kwok nodes run no containers: the operator runs here as a process, with a token of the "
-              "chart's ServiceAccount, so the API server enforces the chart's RBAC.)")
+        print("\n(The operator runs here as a process, with a token of the chart's ServiceAccount, so the "
+              "API server enforces the chart's RBAC.)")
         kubeconfig = cluster.kubeconfig_for("rtj-system", "rtj-operator", Path(tempfile.mkdtemp()) / "operator")
         log = (cluster.workdir / "logs" / "operator.log").open("wb")  # type: ignore[operator]
         operator = subprocess.Popen([sys.executable, "-m", "rtj_operator", "--metrics-port", "0", "--liveness", ""],
                                     env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log,
                                     stderr=subprocess.STDOUT)
-        demo.sh("kubectl", "apply", "-f", str(example))
-        demo.sh("kubectl", "wait", "-n", ns, "--for=condition=Running", f"rtj/{name}", "--timeout=120s")
-        demo.sh("kubectl", "get", "rtj", "-n", ns)
-        demo.sh("kubectl", "get", "job,svc,pvc,pods", "-n", ns, "-o", "wide")
 
-        victim = sorted(demo.pods(), key=lambda p: p["metadata"]["name"])[1]
-        node = victim["spec"]["nodeName"]
-        print(f"\n### Node {node} (pod {victim['metadata']['name']}) is lost: its kubelet stops renewing the lease.")
-        cluster.lose_node(node)
+        manifest = cpu_rtj(NS, NAME, [arg for fault, _ in FAULTS for arg in ("--fault", fault)], STEPS, INTERVAL)
+        path = cluster.workdir / "rtj-demo.yaml"  # type: ignore[operator]
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        print(f"\n### A 2-node x 2-rank CPU job (gloo, FSDP2, a checkpoint every {INTERVAL} steps) whose "
+              f"ranks inject {FAULTS[0][1]} and {FAULTS[1][1]}; the demo loses node 1 at step {LOSE_AT_STEP}.")
+        demo.sh("kubectl", "create", "namespace", NS)
+        demo.sh("kubectl", "apply", "-f", str(path))
+        demo.sh("kubectl", "wait", "-n", NS, "--for=condition=Running", f"rtj/{NAME}", "--timeout=120s")
+        demo.wait("all four ranks training", lambda: len({e["rank"] for e in demo.timeline()
+                                                          if e["event"] == "step"}) == 4)
+        demo.show()
+
+        rows = []
+        first = [e for e in demo.timeline() if e["event"] == "start"]
+        for fault, what in FAULTS:
+            pods = demo.pods()
+            rank, step, kind = fault.split(":")
+            hit = demo.wait(what, lambda k=kind: next((e for e in demo.timeline() if e["event"] == "fault"
+                                                       and e["kind"] == k), None))
+            print(f"\n### Step {step}: {what}.")
+            after = demo.wait("training to resume", lambda h=hit: demo.resumed_after(h["t"]))
+            st = demo.status()
+            rows.append((what, layer(first, after, pods, demo.pods()), after[0]["step"],
+                         max(e["t"] for e in after) - hit["t"], st.get("restarts", 0)))
+            print(f"Recovered by {rows[-1][1]}: resumed from step {rows[-1][2]} {rows[-1][3]:.1f}s later; "
+                  f"RTJ restarts {rows[-1][4]}.")
+            demo.show()
+            first = after
+
+        demo.wait(f"step {LOSE_AT_STEP}", lambda: demo.step() >= LOSE_AT_STEP)
+        pods = demo.pods()
+        node = next(p for p in yaml.safe_load(demo.sh("kubectl", "get", "pods", "-n", NS, "-o", "yaml",
+                                                      show=False))["items"]
+                    if p["metadata"]["uid"] == pods["1"])["spec"]["nodeName"]
+        print(f"\n### Step {demo.step()}: node {node} (node rank 1) is lost: its processes die and its "
+              "lease stops.")
+        lost_at = time.time()
+        agents.by_name(node).stop(lose=True)
         took = demo.wait("NotReady", lambda: "NotReady" in demo.sh("kubectl", "get", "node", node, show=False))
-        print(f"The node-lifecycle controller marked it NotReady after {took:.1f}s.")
-        demo.sh("kubectl", "get", "nodes")
-        demo.wait("recovery", lambda: demo.status().get("phase") == "Running"
-                  and demo.status().get("restarts", 0) >= 1, timeout=180)
+        print(f"The node-lifecycle controller marked {node} NotReady {took:.1f}s later.")
+        after = demo.wait("training to resume", lambda: demo.resumed_after(lost_at), timeout=240)
         st = demo.status()
-        print(f"\nRecovered in {st.get('lastRecoverySeconds')}s: restarts by tier {st.get('restartsByTier')}, "
-              f"disruptions {st.get('disruptions')}, job failures {st.get('jobRestarts')}.")
-        demo.sh("kubectl", "get", "rtj", "-n", ns)
-        demo.sh("kubectl", "get", "pods", "-n", ns, "-o", "wide")
+        rows.append((f"loss of {node}", layer(first, after, pods, demo.pods()), after[0]["step"],
+                     max(e["t"] for e in after) - lost_at, st.get("restarts", 0)))
+        print(f"Recovered by {rows[-1][1]}: resumed from step {rows[-1][2]} {rows[-1][3]:.1f}s after the loss; "
+              f"the pod of node rank 0 kept its uid: {demo.pods().get('0') == pods['0']}.")
+        demo.show()
 
-        print("\n### An edit the schema accepts but that cannot work: 3 nodes with nodes.max 2.")
-        before = {p["metadata"]["uid"] for p in demo.pods()}
-        demo.sh("kubectl", "patch", "rtj", "-n", ns, name, "--type", "merge", "-p",
-                '{"spec":{"nodes":{"count":3,"max":2}}}')
-        demo.sh("kubectl", "wait", "-n", ns, "--for=condition=InvalidSpec", f"rtj/{name}", "--timeout=60s")
-        after = {p["metadata"]["uid"] for p in demo.pods()}
-        print(f"\nSame {len(after & before)} pods still running: the invalid edit changed nothing that ran.")
-        demo.sh("kubectl", "describe", "rtj", "-n", ns, name)
+        demo.sh("kubectl", "wait", "-n", NS, "--for=condition=Succeeded", f"rtj/{NAME}", "--timeout=240s")
+        demo.sh("kubectl", "get", "rtj", "-n", NS)
+        demo.sh("kubectl", "get", "events", "-n", NS, "--field-selector", f"involvedObject.name={NAME}")
+        demo.sh("kubectl", "describe", "rtj", "-n", NS, NAME)
+        print("\n### Summary: each fault recovered by its own layer")
+        print(f"{'fault':<36} {'recovered by':<38} {'resumed from':>12} {'seconds':>8} {'RTJ restarts':>13}")
+        for what, by, step_, seconds, restarts in rows:
+            print(f"{what:<36} {by:<38} {'step ' + str(step_):>12} {seconds:>8.1f} {restarts:>13}")
+        print(f"\nDone in {time.monotonic() - started:.0f}s. Training ran {STEPS} steps; pods were restarted only "
+              "for the node loss.")
         return 0
     except Exception:
         log_path = cluster.workdir / "logs" / "operator.log"  # type: ignore[operator]
@@ -118,13 +199,15 @@ def run(example: Path) -> int:
         if operator is not None:
             operator.terminate()
             operator.wait(30)
+        if agents is not None:
+            agents.stop()
         cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rtj_dev.demo", description=__doc__)
-    parser.add_argument("example", nargs="?", type=Path, default=EXAMPLE)
-    sys.exit(run(parser.parse_args(argv).example))
+    argparse.ArgumentParser(prog="python -m rtj_dev.demo", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    sys.exit(run())
 
 
 if __name__ == "__main__":

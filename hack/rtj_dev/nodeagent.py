@@ -238,7 +238,7 @@ class PodSandbox:
     started_at: str = ""
     finished_at: str = ""
     killed: bool = False
-    kill_deadline: float = 0.0
+    terminated_at: float = 0.0  # when SIGTERM was sent (monotonic)
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -465,9 +465,9 @@ class NodeAgent:
             if not box.killed:
                 box.killed = True
                 box.signal(signal.SIGTERM)
-                grace = meta.get("deletionGracePeriodSeconds", 30)
-                box.kill_deadline = time.monotonic() + grace
-            if time.monotonic() < box.kill_deadline:
+                box.terminated_at = time.monotonic()
+            # Read at every sync: a second delete may shorten the grace period (as kubelet honours).
+            if time.monotonic() < box.terminated_at + meta.get("deletionGracePeriodSeconds", 30):
                 return
             box.signal(signal.SIGKILL)
             assert box.proc is not None
@@ -555,6 +555,29 @@ class AgentNodes:
 
     def by_name(self, name: str) -> NodeAgent:
         return next(a for a in self.agents if a.name == name)
+
+    def running(self, namespace: str) -> list[str]:
+        """Names of the pods of `namespace` whose processes still run on some node."""
+        return [box.pod["metadata"]["name"] for agent in self.agents for box in list(agent.sandboxes.values())
+                if box.pod["metadata"]["namespace"] == namespace and box.exit_code() is None]
+
+    def kill_namespace(self, namespace: str, timeout: float = 60.0) -> None:
+        """Delete the namespace and its pods with no grace period, and wait until none of their processes
+        runs. Pods on one node share its network namespace (as with hostNetwork), so what one test leaves
+        running (up to the pods' 120 s grace period) would hold the ports of the next test's pods."""
+        self.cluster.api("DELETE", f"/api/v1/namespaces/{namespace}", missing_ok=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pods = self.cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+            for pod in pods:
+                with contextlib.suppress(RuntimeError):
+                    self.cluster.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                                     {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                                     missing_ok=True)
+            if not pods and not self.running(namespace):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"pods of {namespace} still running after {timeout:.0f}s: {self.running(namespace)}")
 
 
 def main(argv: list[str] | None = None) -> None:

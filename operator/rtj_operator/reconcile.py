@@ -347,6 +347,10 @@ class _Pass:
             self.act([a for a in plan.actions if a.uid in seen], pods)
             self.charge(plan, seen)
             self.judge_job(job, pods)
+        elif converge and job is not None and job["metadata"].get("deletionTimestamp"):
+            # The old gang is gone (Foreground) only once its pods are; a pod on a lost node never
+            # confirms its deletion: fail and delete it as PodGC would, or the next gang waits for ever.
+            self.act([a for a in plan.actions if a.action == recovery.FORCE], pods)
         # Only pods still listed can turn up again, so the charged set is bounded by the pods themselves.
         listed = {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}
         recov["seenPods"] = sorted(seen & listed)
@@ -385,9 +389,24 @@ class _Pass:
             self.busy = True
 
     def charge(self, plan: recovery.Plan, seen: set[str]) -> None:
-        """Count each new finding once against the right budget and decide the next tier."""
+        """Count each new finding once against the right budget and decide the next tier.
+
+        One fault, one charge. Node 0 hosts the rendezvous store, so when its node is lost (or its pod
+        fails) the other pods' launchers exit too, and their workers say so (RendezvousHostLost, a
+        PEER finding), usually before the control plane has marked the node NotReady. Per attempt,
+        until the gang has recovered, a PEER failure is charged as the disruption of a peer's lost
+        node if there is one (that node's own finding is then not charged again); else it is the
+        consequence of a failure already charged, and not charged; else it waits up to
+        PEER_ATTRIBUTION_SECONDS for its cause to show, and is then charged to the job. Each charged
+        fault excuses one PEER failure, so a job that keeps failing still ends Failed."""
+        recov, attempt = self.recovery_state(), int(self.status["attempt"])
+        loss = recov.pop("charged", None) or {}
+        if loss.get("attempt") != attempt or not self.status.get("restartStartedTime"):
+            loss = {"attempt": attempt, "nodes": [], "excusable": 0}  # none being recovered
         gang = False
-        for f in plan.findings:
+        # Platform findings first and PEER findings last: the cause may be seen in the same pass.
+        order = {recovery.PLATFORM: 0, recovery.PEER: 2}
+        for f in sorted(plan.findings, key=lambda f: order.get(f.kind, 1)):
             seen.add(f.uid)
             self.acted = self.acted or bool(f.action)
             if f.kind == recovery.PERMANENT:
@@ -397,7 +416,30 @@ class _Pass:
                     continue  # every pod of the gang reports the same failed rendezvous: one charge
                 gang = True
             tier = recovery.GANG_RESTART if f.kind == recovery.RENDEZVOUS else recovery.REPLACE_POD
+            if f.lost_node in loss["nodes"]:
+                continue  # charged already, through the failure of a pod of its gang
+            if f.kind == recovery.PEER:
+                if peers := [n for n in sorted(plan.lost_nodes) if n not in loss["nodes"]]:
+                    loss["nodes"].append(peers[0])
+                    self.record_restart(tier, f.reason, f"{f.message} (node {peers[0]} of its gang is lost: "
+                                        f"{plan.lost_nodes[peers[0]]})", platform=True)
+                    continue
+                if loss["excusable"]:
+                    loss["excusable"] -= 1
+                    cause = self.status.get("lastFailureReason")
+                    self.event("Warning", "NotCharged", f"{f.reason}: {f.message}; a consequence of the fault "
+                                                        f"being recovered ({cause})")
+                    continue
+                if f.age < recovery.PEER_ATTRIBUTION_SECONDS:
+                    seen.discard(f.uid)  # looked at again until its cause shows or the wait is over
+                    self.wait(max(0.5, recovery.PEER_ATTRIBUTION_SECONDS - f.age))
+                    continue
             self.record_restart(tier, f.reason, f.message, platform=f.kind == recovery.PLATFORM)
+            if f.lost_node:
+                loss["nodes"].append(f.lost_node)
+            loss["excusable"] += 1
+        if loss["nodes"] or loss["excusable"]:
+            recov["charged"] = loss
         if plan.fail_reason:
             self.fail(plan.fail_reason, plan.fail_message)
             return
@@ -551,6 +593,7 @@ class _Pass:
             seconds = round((self.now - restarting_since).total_seconds(), 3)
             status["lastRecoverySeconds"] = seconds
             status.pop("restartStartedTime", None)
+            self.recovery_state().pop("charged", None)  # recovered: later failures are new faults
             restarting_since = None
             self.metrics.append(lambda: metrics.RECOVERY_SECONDS.observe(seconds))
             self.event("Normal", "Recovered", f"All {desired} nodes running again after {seconds}s")

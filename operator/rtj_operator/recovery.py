@@ -38,6 +38,11 @@ JOB_FAILURE = "JobFailure"
 PLATFORM = "Platform"
 PERMANENT = "Permanent"
 RENDEZVOUS = "Rendezvous"
+PEER = "Peer"  # the pod's worker says a peer ended it: node 0's rendezvous store went away
+# How long a peer's failure waits for its cause to show (the control plane marks a dead node NotReady
+# only after kube-controller-manager's node-monitor-grace-period, 50 s by default) before it is
+# charged to the job.
+PEER_ATTRIBUTION_SECONDS = 60.0
 
 # What the operator does to a pod (Finding.action).
 EVICT = "evict"  # Eviction API: DisruptionTarget, then a graceful delete
@@ -69,6 +74,8 @@ class Finding:
     reason: str  # CamelCase, shown in status and events
     message: str
     action: str = ""  # "" | EVICT | FORCE
+    lost_node: str = ""  # the lost node this finding is about, if any
+    age: float = 0.0  # seconds since the pod's container ended (PEER findings)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class Plan:
     fail_message: str = ""
     # Seconds until a grace period runs out and the world should be looked at again.
     recheck: float | None = None
+    # Nodes of the gang's pods that are NotReady, unreachable or gone now (any duration): name -> why.
+    lost_nodes: dict[str, str] = field(default_factory=dict)
 
     def wait(self, seconds: float) -> None:
         self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
@@ -169,10 +178,11 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
             waited = now - deleted
             if waited >= timing.terminating_timeout:
                 return Finding(name, uid, PLATFORM, lost, f"pod {name} stuck Terminating on lost node "
-                               f"{node_name} for {int(waited.total_seconds())}s", FORCE)
+                               f"{node_name} for {int(waited.total_seconds())}s", FORCE, node_name)
             if plan is not None:
                 plan.wait((timing.terminating_timeout - waited).total_seconds())
-            return Finding(name, uid, PLATFORM, lost, f"pod {name} terminating on lost node {node_name}")
+            return Finding(name, uid, PLATFORM, lost, f"pod {name} terminating on lost node {node_name}",
+                           lost_node=node_name)
         if disruption:
             # Evicted, drained or preempted on a healthy node: the kubelet finishes it; count it now.
             return Finding(name, uid, PLATFORM, disruption.get("reason") or "Disrupted",
@@ -186,7 +196,8 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
         if status.get("reason") in ("Evicted", "Preempting", "Shutdown", "Terminated", "NodeLost"):
             return Finding(name, uid, PLATFORM, status["reason"], status.get("message") or status["reason"])
         if lost:
-            return Finding(name, uid, PLATFORM, lost, f"pod {name} failed on lost node {node_name}")
+            return Finding(name, uid, PLATFORM, lost, f"pod {name} failed on lost node {node_name}",
+                           lost_node=node_name)
         term = _terminated(pod) or {}
         code = term.get("exitCode")
         if meta.get("deletionTimestamp") and code in (exit_codes.SIGTERM, exit_codes.SIGKILL):
@@ -200,6 +211,10 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
                            else "PermanentFailure", message)
         if code == exit_codes.RENDEZVOUS_FAILED:
             return Finding(name, uid, RENDEZVOUS, "RendezvousFailed", message)
+        if code == exit_codes.RENDEZVOUS_HOST_LOST:
+            ended = parse_time(term.get("finishedAt")) or now
+            return Finding(name, uid, PEER, "RendezvousHostLost", message,
+                           age=max(0.0, (now - ended).total_seconds()))
         if code == exit_codes.LAUNCHER_BUDGET_EXHAUSTED:
             return Finding(name, uid, JOB_FAILURE, "LauncherRestartsExhausted", message)
         if term.get("reason") == "OOMKilled":
@@ -211,7 +226,7 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
         # A short blip (NotReady for less than the grace period) must not kill a healthy rank.
         if lost_for >= timing.node_grace:
             return Finding(name, uid, PLATFORM, lost, f"node {node_name} of pod {name} is lost ({lost} "
-                           f"for {_seconds(lost_for)})", EVICT)
+                           f"for {_seconds(lost_for)})", EVICT, node_name)
         if plan is not None:
             plan.wait((timing.node_grace - lost_for).total_seconds())
         return None
@@ -258,6 +273,9 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
          now: datetime.datetime, timing: Timing) -> Plan:
     """Classify every pod; new findings (uids not in `seen`) are to be charged by the caller."""
     result = Plan()
+    for name, node in nodes.items():
+        if lost := node_loss(node, now)[0]:
+            result.lost_nodes[name] = lost
     for pod in pods:
         finding = classify(pod, nodes.get(pod.get("spec", {}).get("nodeName") or ""), now, timing, result)
         if finding is None:

@@ -10,7 +10,9 @@ happened (rtj_worker.exit_codes):
 - 65 PERMANENT_FAILURE: the script asked to stop for good, or NVRx 0.6's progress tracker refused
   further restarts (no checkpoint progress over --ft-max-no-progress-cycles restarts);
 - 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
-- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started.
+- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started;
+- 72 RENDEZVOUS_HOST_LOST: ranks ran, then the rendezvous store on node 0 stopped answering (node 0
+  was lost or its pod ended): a peer's failure, which the operator does not charge to this pod.
 
 No torch import here (about 6 s at every pod start): checkpoint steps come from ckpt_index.
 """
@@ -34,6 +36,7 @@ from .ckpt_index import latest_step
 from .launch import (
     NO_PROGRESS_LINE,
     RENDEZVOUS_DONE_LINES,
+    STORE_LOST_LINES,
     ConfigError,
     LaunchConfig,
     launcher_argv,
@@ -98,6 +101,7 @@ class LauncherWatch:
     def __init__(self, proc: subprocess.Popen[bytes]):
         self.started = False
         self.no_progress = False
+        self.store_lost = False
         self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
         self._thread.start()
 
@@ -112,6 +116,8 @@ class LauncherWatch:
                 self.started = True
             if NO_PROGRESS_LINE in line:
                 self.no_progress = True
+            if any(marker in line for marker in STORE_LOST_LINES):
+                self.store_lost = True
 
     def join(self, timeout: float = 10) -> None:
         self._thread.join(timeout)
@@ -178,6 +184,9 @@ def run(command: list[str], env: dict[str, str]) -> int:
     if not started:
         return finish(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code} before any rank started "
                       "(rendezvous did not complete)", cfg.checkpoint_dir)
+    if watch.store_lost and cfg.node_rank != 0:
+        return finish(exit_codes.RENDEZVOUS_HOST_LOST, f"ft_launcher exited {code}: the rendezvous store on "
+                      f"{cfg.rdzv_host} (node 0) stopped answering", cfg.checkpoint_dir)
     return finish(exit_codes.LAUNCHER_BUDGET_EXHAUSTED, f"ft_launcher exited {code} after spending its "
                   f"{cfg.max_restarts} restarts", cfg.checkpoint_dir)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 NVRX = "nvidia-resiliency-ext"
 # Logged by NVRx 0.6 when its progress tracker refuses further restarts (the launcher then exits 1).
 NO_PROGRESS_LINE = "Progress tracker detected no progress across restarts"
+# Logged by the torch elastic agent when the c10d store (node 0's launcher) stops answering.
+STORE_LOST_LINES = ("RendezvousConnectionError", "The connection to the C10d store has failed")
 # Logged by the torch elastic agent once the rendezvous has completed and ranks are being started.
 RENDEZVOUS_DONE_LINES = ("Rendezvous complete for workers", "has joined round", "Event: rendezvous_completed",
                          "exited with non-zero exit code")

@@ -128,6 +128,34 @@ class Sections:
     def __init__(self, client: RankMonitorClient):
         self.client, self.enabled = client, os.environ.get("RTJ_FT_SECTIONS") == "1"
 
+    def connect(self) -> None:
+        """(Re)connect to this rank's monitor and at once tell it that the rank is back, with the
+        "setup" section opened (sections), or an empty section update (heartbeats; it leaves the
+        initial heartbeat timeout in force).
+
+        Why at once: NVRx's rank monitor (0.4.1 and 0.6.0 alike) stays in its "restart handling"
+        state from a lost connection until the next message; if the launcher closes the connection in
+        that state (another node started a new rendezvous round), the monitor moves to ABORTED, which
+        it never leaves, and every heartbeat of every worker respawned on this local rank fails from
+        then on. Seen end to end: a hung rank on node 1 made node 0's ranks restart in process while
+        both launchers restarted their workers, and training never resumed."""
+        if self.client.is_initialized:
+            self.client.shutdown_workload_monitoring()
+        self.client.init_workload_monitoring()
+        if self.enabled:
+            self.client.start_section("setup")
+        else:
+            self.client.end_all_sections()
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[None]:
+        """The "setup" section that connect() opened."""
+        try:
+            yield
+        finally:
+            if self.enabled:
+                self.client.end_section("setup")
+
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         if self.enabled:
@@ -151,17 +179,15 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     iteration = call_wrapper.iteration if call_wrapper is not None else 0
     # Rank monitors must learn about a (possibly) new rank-to-process mapping after a restart.
-    if ft_client.is_initialized:
-        ft_client.shutdown_workload_monitoring()
-    ft_client.init_workload_monitoring()
     section = Sections(ft_client)
+    section.connect()
     ckpt.abandon()  # a save in flight when the fault hit may be partial on some ranks
     store = dist.PrefixStore(f"iter{iteration}", base_store)
     timeout = args.pg_timeout or (10.0 if backend == "gloo" else 30.0)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
     try:
-        with section("setup"):
+        with section.setup():
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout))
             # A save's ranks wait for the slowest writer: bound it like a checkpointing section.
             ckpt.attach(timeout=datetime.timedelta(seconds=float(os.environ.get("RTJ_FT_HEARTBEAT_TIMEOUT", 900))))
             # Built anew every iteration: a restart must never keep weights trained since the last
