@@ -10,7 +10,7 @@ WITH_KUBE = RTJ_KUBE_BIN=$$(bash hack/kube/build.sh) && export RTJ_KUBE_BIN &&
 .PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds bench bench-operator bench-worker \
 	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint
 
-demo: setup tools ## Run the operator end to end on a local control plane (first run builds it)
+demo: setup tools ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
 	$(WITH_KUBE) PYTHONPATH=hack $(PY) -m rtj_dev.demo
 
 test: setup tools lint ## Lint and run every test (on a local control plane)

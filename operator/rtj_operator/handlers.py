@@ -5,8 +5,9 @@ One daemon per RTJ means passes for one job never overlap, so restart budgets in
 read and written by one writer at a time.
 
 Load: watches of pods and Jobs are filtered by the API server (our managed-by label), nodes are
-served from the node watch instead of a GET per pass, passes run on a sized thread pool, and a job
-that waits (Pending, Restarting) backs off between passes unless an event wakes it.
+served from the node watch instead of a GET per pass, passes run on sized thread pools, a pass that
+an event woke (a pod failed, a node was lost) never queues behind timer passes (its own pool), and a
+job that waits (Pending, Restarting) backs off between passes unless an event wakes it.
 
 Deletion: children carry owner references, so the garbage collector removes them (and a retained
 PVC, which has none, stays). No delete handler: the operator deletes nothing it did not make.
@@ -29,9 +30,11 @@ from .kube import Kube, KubeError
 from .reconcile import ACT_REQUEUE, StorageCheck
 
 ERROR_BACKOFF_MAX = 60.0
-# Consecutive passes that changed nothing stretch a busy job's requeue up to this.
-WAITING_BACKOFF_MAX = 30.0
+# Consecutive passes that changed nothing stretch a busy job's requeue up to this: whatever it waits
+# for (pods scheduled or started, a node back) arrives as a watch event that wakes it at once.
+WAITING_BACKOFF_MAX = 60.0
 PASS_THREADS = int(os.environ.get("RTJ_PASS_THREADS", "32"))
+EVENT_PASS_THREADS = int(os.environ.get("RTJ_EVENT_PASS_THREADS", "8"))
 
 
 @dataclass
@@ -43,13 +46,22 @@ class Context:
     max_requeue: float = 60.0
     allowed_service_accounts: frozenset[str] | None = None
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    urgent: set[tuple[str, str]] = field(default_factory=set)  # woken by a failure: the event pool
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="rtj-pass"))
+    # Passes a failure woke (a pod ended or is going, a Job failed, a node was lost): with 1000 jobs,
+    # timer passes and new jobs' passes would otherwise queue ahead of them.
+    event_pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(EVENT_PASS_THREADS,
+                                                                      thread_name_prefix="rtj-event-pass"))
 
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        event = self.wakeups.get((namespace or "", name or ""))
+    def wake(self, namespace: str | None, name: str | None, urgent: bool = False) -> None:
+        key = (namespace or "", name or "")
+        event = self.wakeups.get(key)
         if event is not None:
+            if urgent:
+                self.urgent.add(key)
             event.set()
 
     def node(self, name: str) -> dict[str, Any] | None:
@@ -92,12 +104,15 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
             while not stopped:
                 woken = wake.is_set()
                 wake.clear()
+                urgent = (namespace, name) in memo.urgent
+                memo.urgent.discard((namespace, name))
                 # kopf's watch keeps the daemon's body current; our own last write may be newer still.
                 # After a conflict (a stale read), the pass GETs the RTJ.
                 current = None if fresh else newer(_plain(body), written)
                 fresh = False
                 try:
-                    delay, mine = await loop.run_in_executor(memo.pool, lambda b=current: run_pass(
+                    pool = memo.event_pool if urgent else memo.pool
+                    delay, mine = await loop.run_in_executor(pool, lambda b=current: run_pass(
                         memo.kube, namespace, name, memo.storage_check, memo.node,
                         memo.allowed_service_accounts, body=b))
                     written = mine or written
@@ -133,8 +148,8 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
 
     @kopf.on.event("batch/v1", "jobs", registry=registry)
     @kopf.on.event("v1", "pods", registry=registry)
-    def child_changed(namespace: str, labels: dict[str, str], memo: Context, **_: Any) -> None:
-        memo.wake(namespace, labels.get(api.LABEL_NAME))
+    def child_changed(namespace: str, labels: dict[str, str], body: kopf.Body, memo: Context, **_: Any) -> None:
+        memo.wake(namespace, labels.get(api.LABEL_NAME), urgent=_failing(body))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def node_changed(type: str | None, body: kopf.Body, name: str, memo: Context, **_: Any) -> None:
@@ -146,14 +161,24 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
             memo.nodes[name] = _plain(body)
             now_lost = recovery.node_lost(memo.nodes[name])
         if now_lost != was_lost:
-            for event in memo.wakeups.values():
-                event.set()
+            for key in list(memo.wakeups):
+                memo.wake(*key, urgent=True)
 
     @kopf.on.cleanup(registry=registry)
     def shutdown(memo: Context, **_: Any) -> None:
         memo.pool.shutdown(wait=False, cancel_futures=True)
+        memo.event_pool.shutdown(wait=False, cancel_futures=True)
 
     return registry
+
+
+def _failing(body: kopf.Body) -> bool:
+    """Whether a pod or Job event may be a failure the operator must count and answer."""
+    status = body.get("status") or {}
+    if body.get("metadata", {}).get("deletionTimestamp") or status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    alarms = ("Failed", "FailureTarget", "Complete", "DisruptionTarget")
+    return any(c.get("type") in alarms and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:
