@@ -147,7 +147,7 @@ def run() -> int:
         first = [e for e in demo.timeline() if e["event"] == "start"]
         for fault, what in FAULTS:
             pods = demo.pods()
-            rank, step, kind = fault.split(":")
+            _, step, kind = fault.split(":")
             hit = demo.wait(what, lambda k=kind: next((e for e in demo.timeline() if e["event"] == "fault"
                                                        and e["kind"] == k), None))
             print(f"\n### Step {step}: {what}.")
