@@ -67,7 +67,12 @@ class OperatorProcess:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(120)  # 2000 daemons finish their passes first
+        except subprocess.TimeoutExpired:
+            print("the operator did not stop within 120 s of SIGTERM: killed", file=sys.stderr)
+            self.proc.kill()
+            self.proc.wait()
         self.log.close()
 
 

@@ -248,3 +248,18 @@ def test_objects_it_did_not_create_are_never_taken_over(rtj, kube, ns, operator,
     assert after["spec"] == kube.get(kind, theirs["metadata"]["name"], ns)["spec"]
     if kind == "Service":
         assert after["spec"]["selector"] == {"app": "theirs"} and after["spec"]["ports"][0]["port"] == 80
+
+
+def test_passes_read_pods_from_the_watch_not_a_list_each(rtj, kube, ns, operator):
+    """Issue 9.10: with 1000 jobs a pod LIST per pass was most of what a pass cost; the pod watch
+    serves passes, and a job's pods are LISTed on its first pass and once a resync period after."""
+    rtj.create()
+    rtj.wait_running()
+    calls: list[tuple[str, str]] = []
+    operator.context.kube._on_call = lambda verb, kind: calls.append((verb, kind))
+    wait_until(lambda: sum(1 for c in calls if c == ("get", "Job")) >= 5, what="5 passes (max_requeue 1 s)")
+    assert calls.count(("list", "Pod")) <= 1, calls
+    # What the cache serves is current: a failure is counted from the watch alone.
+    rtj.exit_pod(rtj.running_pods()[0], 1)
+    wait_until(lambda: rtj.status().get("jobRestarts") == 1, what="the failure counted")
+    assert calls.count(("list", "Pod")) <= 1, calls

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # kopf logs every watch event's handler at INFO ("Handler ... succeeded"): with 1000 jobs that
+        # is thousands of lines a minute and a share of the operator's CPU. Warnings and errors stay.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     client = kube.configure(args.server)
     storage_check = None
     if args.check_fsx:

@@ -136,11 +136,22 @@ class Kube:
 
     def list(self, kind: str, namespace: str | None = None,
              labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        return self.list_versioned(kind, namespace, labels)[0]
+
+    def list_versioned(self, kind: str, namespace: str | None = None,
+                       labels: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int]:
+        """The items and the list's resourceVersion (0 if the server gives none a number)."""
         query = [("labelSelector", _selector(labels))] if labels else []
-        result = self._call("list", kind, "GET", self._path(kind, namespace), query=query)
-        items = (result or {}).get("items", [])
+        result = self._call("list", kind, "GET", self._path(kind, namespace), query=query) or {}
+        items = result.get("items", [])
+        for item in items:  # a LIST leaves out each item's kind
+            item.setdefault("kind", kind)
+        try:
+            version = int(result.get("metadata", {}).get("resourceVersion") or 0)
+        except ValueError:
+            version = 0
         # Filtering again keeps callers correct against servers that ignore selectors.
-        return [i for i in items if not labels or _matches(i, labels)]
+        return [i for i in items if not labels or _matches(i, labels)], version
 
     def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """POST; `dry_run` asks the server to admit and validate without storing (?dryRun=All)."""
