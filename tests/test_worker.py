@@ -351,3 +351,17 @@ def test_a_worker_restart_during_an_in_process_restart_leaves_the_rank_monitor_u
     finally:
         server.terminate()
         server.join(10)
+
+
+def test_local_rendezvous_ports_are_free_and_below_the_ephemeral_range():
+    """CI once failed with EADDRINUSE on port + 1: the port was picked from the ephemeral range, where
+    the kernel gives the local control plane's outgoing connections their ports."""
+    import socket
+
+    from rtj_worker import ranks
+
+    base = local.free_port()
+    assert base + ranks.WRAPPER_STORE_OFFSET < local._ephemeral_low()
+    for port in range(base, base + ranks.WRAPPER_STORE_OFFSET + 1):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

@@ -3,8 +3,10 @@ rendezvous. Used by tests/test_worker.py and bench/recovery.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,13 +14,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import events
+from . import events, ranks
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(span: int = ranks.WRAPPER_STORE_OFFSET + 1) -> int:
+    """A rendezvous port whose derived ports (port + ranks.*_OFFSET) are free too. Chosen below the
+    ephemeral range, as a pod's rendezvousPort is: a port the kernel hands out for outgoing
+    connections (the local control plane's, other tests') could otherwise take a derived port
+    between this check and the stores' bind (seen in CI: EADDRINUSE on port + 1)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(max(1024, low - 12000), low - span)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + span):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {span} consecutive free ports below {low}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def local_env(workdir: Path, ranks: int = 2, heartbeat: float = 15, **extra: str) -> dict[str, str]:
