@@ -240,7 +240,8 @@ def test_objects_it_did_not_create_are_never_taken_over(rtj, kube, ns, operator,
     cond = wait_until(lambda: rtj.condition("Created") if rtj.condition("Created").get("reason") == "ChildConflict"
                       else None, what="ChildConflict")
     assert (kind in cond["message"] and "not owned" in cond["message"]) or "not made" in cond["message"]
-    assert "ChildConflict" in rtj.reasons()
+    # Events follow the status write (one write per pass, events after it): wait for the event too.
+    wait_until(lambda: "ChildConflict" in rtj.reasons(), what="a ChildConflict event")
     kube.delete(api.KIND, "train", ns)
     wait_until(lambda: kube.get(api.KIND, "train", ns) is None, what="RTJ deleted")
     after = kube.get(kind, theirs["metadata"]["name"], ns)
