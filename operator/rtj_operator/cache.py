@@ -60,9 +60,7 @@ class PodCache:
         if not uid:
             return
         with self._lock:
-            self._unlink(uid)
-            self._gone[uid] = (_rv(pod), self._clock())
-            self._expire()
+            self._bury(uid, _rv(pod))
 
     # --- read by passes ------------------------------------------------------------------------
     def pods(self, kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -97,8 +95,7 @@ class PodCache:
         with self._lock:  # gone already
             for uid, have in list(self._pods.items()):
                 if have["metadata"].get("namespace") == namespace and have["metadata"].get("name") == name:
-                    self._unlink(uid)
-                    self._gone[uid] = (_rv(have), self._clock())
+                    self._bury(uid, _rv(have))
 
     def forget(self, namespace: str, name: str) -> None:
         """The RTJ is gone: its next daemon (same name, new job) starts with a LIST."""
@@ -131,6 +128,14 @@ class PodCache:
                 if not uids:
                     del self._jobs[key]
 
+    def _bury(self, uid: str, version: int) -> None:
+        """Gone: a tombstone keeps older copies out for a while."""
+        self._unlink(uid)
+        self._gone[uid] = (version, self._clock())
+        horizon = self._clock() - TOMBSTONE_SECONDS
+        for old in [u for u, (_, when) in self._gone.items() if when < horizon]:
+            del self._gone[old]
+
     def _replace(self, key: Key, items: list[dict[str, Any]], version: int) -> None:
         """A LIST at `version` is the truth for this job's pods, except for what the watch
         delivered since (newer)."""
@@ -140,11 +145,6 @@ class PodCache:
                 self._unlink(uid)
         for pod in items:
             self._put(pod)
-
-    def _expire(self) -> None:
-        horizon = self._clock() - TOMBSTONE_SECONDS
-        for uid in [u for u, (_, when) in self._gone.items() if when < horizon]:
-            del self._gone[uid]
 
 
 class CachedKube:

@@ -54,9 +54,9 @@ class Context:
     max_requeue: float = 60.0
     allowed_service_accounts: frozenset[str] | None = None
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    urgent: set[tuple[str, str]] = field(default_factory=set)  # woken by a failure: the event pool
-    alarms: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # set with `urgent`
-    written: dict[tuple[str, str], str] = field(default_factory=dict)  # resourceVersion of our last status write
+    # Set when a failure woke the job: its next pass runs on the event pool.
+    alarms: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # the RTJ as our last pass wrote it
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: PodCache = field(default_factory=PodCache)  # fed by the pod watch, read by passes
     pool: concurrent.futures.ThreadPoolExecutor = field(
@@ -72,7 +72,6 @@ class Context:
         event = self.wakeups.get(key)
         if event is not None:
             if urgent:
-                self.urgent.add(key)
                 self.alarms.setdefault(key, asyncio.Event()).set()
             event.set()
 
@@ -112,18 +111,16 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
         alarm = memo.alarms.setdefault((namespace, name), asyncio.Event())
         loop = asyncio.get_running_loop()
         errors, quiet, fresh = 0, 0, False
-        written: dict[str, Any] | None = None
         try:
             while not stopped:
                 began = loop.time()
                 woken = wake.is_set()
                 wake.clear()
-                urgent = (namespace, name) in memo.urgent
-                memo.urgent.discard((namespace, name))
+                urgent = alarm.is_set()
                 alarm.clear()
                 # kopf's watch keeps the daemon's body current; our own last write may be newer still.
                 # After a conflict (a stale read), the pass GETs the RTJ.
-                current = None if fresh else newer(_plain(body), written)
+                current = None if fresh else newer(_plain(body), memo.written.get((namespace, name)))
                 fresh = False
                 try:
                     outcome = await _run(memo, alarm, urgent, lambda b=current: run_pass(
@@ -132,9 +129,8 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
                     if outcome is None:
                         continue  # a failure woke it while its pass still queued: run it on the event pool
                     delay, mine = outcome
-                    written = mine or written
                     if mine:
-                        memo.written[namespace, name] = mine["metadata"].get("resourceVersion", "")
+                        memo.written[namespace, name] = mine
                     errors = 0
                 except KubeError as exc:
                     if exc.status != 409:
@@ -170,7 +166,8 @@ def register(registry: kopf.OperatorRegistry, login: Any = None) -> kopf.Operato
     @kopf.on.event(**rtj)
     def rtj_changed(namespace: str, name: str, body: kopf.Body, memo: Context, **_: Any) -> None:
         # The echo of our own status write: the pass that wrote it had seen everything it says.
-        if body.get("metadata", {}).get("resourceVersion") != memo.written.get((namespace, name)):
+        ours = memo.written.get((namespace, name)) or {}
+        if body.get("metadata", {}).get("resourceVersion") != ours.get("metadata", {}).get("resourceVersion"):
             memo.wake(namespace, name)
 
     @kopf.on.event("batch/v1", "jobs", registry=registry)

@@ -144,8 +144,6 @@ class Kube:
         query = [("labelSelector", _selector(labels))] if labels else []
         result = self._call("list", kind, "GET", self._path(kind, namespace), query=query) or {}
         items = result.get("items", [])
-        for item in items:  # a LIST leaves out each item's kind
-            item.setdefault("kind", kind)
         try:
             version = int(result.get("metadata", {}).get("resourceVersion") or 0)
         except ValueError:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import events, ranks
+from . import events
+from .ranks import WRAPPER_STORE_OFFSET
 
 
-def free_port(span: int = ranks.WRAPPER_STORE_OFFSET + 1) -> int:
+def free_port(span: int = WRAPPER_STORE_OFFSET + 1) -> int:
     """A rendezvous port whose derived ports (port + ranks.*_OFFSET) are free too. Chosen below the
     ephemeral range, as a pod's rendezvousPort is: a port the kernel hands out for outgoing
     connections (the local control plane's, other tests') could otherwise take a derived port
