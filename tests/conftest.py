@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rtj_dev.localcluster import LocalCluster
+from rtj_dev.localcluster import LocalCluster, p5_node
 from rtj_dev.operator_thread import OperatorThread
 from rtj_operator import api
 from rtj_operator.kube import Kube, configure
@@ -113,6 +113,18 @@ def kubectl(cluster: LocalCluster, *args: str, input: str | None = None, check: 
     return result
 
 
+def worker_rbac(cluster: LocalCluster, ns: str) -> None:
+    """The chart's rtj-worker ServiceAccount, Role and RoleBinding for `ns`, rendered and applied as they
+    are (the session's helm install has the ValidatingAdmissionPolicy that keeps the token to its pod)."""
+    out = subprocess.run([str(TOOLS / "helm"), "template", RELEASE, str(ROOT / "charts" / "rtj-operator"),
+                          "-n", RELEASE_NS, "--set", f"workerRBAC.namespaces={{{ns}}}",
+                          "--show-only", "templates/worker-rbac.yaml"], check=True, capture_output=True,
+                         text=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "Role", "RoleBinding"}
+    kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
 @pytest.fixture(scope="session")
 def operator_token(cluster: LocalCluster) -> str:
     return cluster.service_account_token(RELEASE_NS, RELEASE)
@@ -140,7 +152,8 @@ def ns(cluster: LocalCluster, kube: Kube, request: pytest.FixtureRequest) -> Ite
 
 @pytest.fixture
 def lost_nodes(cluster: LocalCluster) -> Iterator[Callable[[str], None]]:
-    """Lose nodes during a test; they come back (kwok renews their leases again) afterwards."""
+    """Lose nodes during a test; they come back (kwok renews their leases again, the out-of-service
+    taint a test may add with cluster.fence_node is removed) afterwards."""
     lost: list[str] = []
 
     def lose(name: str) -> None:
@@ -167,6 +180,28 @@ def operator(cluster: LocalCluster, operator_token: str, ns: str) -> Iterator[Op
 
 # --- what tests read and do ------------------------------------------------------------------------
 
+@pytest.fixture
+def own_nodes(cluster: LocalCluster, kube: Kube) -> Iterator[Callable[..., list[str]]]:
+    """Nodes of this test only (a label the RTJ selects): capacity is what the test says it is.
+    `add(count, **labels)` makes `count` more, with extra labels."""
+    label = f"cap-{os.urandom(3).hex()}"
+    made: list[str] = []
+
+    def add(count: int, **labels: str) -> list[str]:
+        names = [f"{label}-{len(made) + i}" for i in range(count)]
+        for name in names:
+            node = p5_node(name)
+            node["metadata"]["labels"].update({"rtj.dev/test-node": label, **labels})
+            kube.create(node)
+        made.extend(names)
+        return names
+
+    add.label = label  # type: ignore[attr-defined]
+    yield add  # type: ignore[misc]
+    for name in made:
+        kube.delete("Node", name, None)
+
+
 class Job:
     """One RTJ in a test namespace, with the reads and pod actions the tests use."""
 
@@ -192,7 +227,11 @@ class Job:
         return self.kube.get("Job", self.name, self.ns)
 
     def pods(self) -> list[dict[str, Any]]:
-        return self.kube.list("Pod", self.ns, {api.LABEL_NAME: self.name})
+        """The gang's workers (the coordinator pod, when there is one, is not among them)."""
+        return self.kube.list("Pod", self.ns, {api.LABEL_NAME: self.name, api.LABEL_COMPONENT: "workers"})
+
+    def coordinator(self) -> dict[str, Any] | None:
+        return self.kube.get("Pod", f"{self.name}-rdzv", self.ns)
 
     def running_pods(self) -> list[dict[str, Any]]:
         return sorted((p for p in self.pods() if p["status"].get("phase") == "Running"
@@ -205,9 +244,21 @@ class Job:
     def reasons(self) -> list[str]:
         return [e["reason"] for e in self.events() if e["involvedObject"].get("kind") == api.KIND]
 
+    def explain(self) -> str:
+        """What a failed wait prints: the RTJ's status, events and pods (CI's log alone explains it)."""
+        events = sorted(self.events(), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        pods = [f"{p['metadata']['name']} {p['status'].get('phase')} on {p['spec'].get('nodeName')}"
+                f"{' (deleting)' if p['metadata'].get('deletionTimestamp') else ''}" for p in self.pods()]
+        return (f"\nstatus: {json.dumps(self.status(), indent=1)}\nevents:\n" + "\n".join(
+            f"  {e.get('lastTimestamp')} {e['involvedObject'].get('kind')} {e['reason']}: {e['message']}"
+            for e in events) + "\npods:\n  " + "\n  ".join(pods))
+
     def wait_phase(self, phase: str, timeout: float = 60.0) -> dict[str, Any]:
-        return wait_until(lambda: self.status() if self.status().get("phase") == phase else None,
-                          timeout=timeout, what=f"phase {phase} (now {self.status().get('phase')})")
+        try:
+            return wait_until(lambda: self.status() if self.status().get("phase") == phase else None,
+                              timeout=timeout, what=f"phase {phase}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{self.explain()}") from None
 
     def wait_running(self, nodes: int | None = None, timeout: float = 60.0) -> dict[str, Any]:
         def ok() -> dict[str, Any] | None:
@@ -215,7 +266,10 @@ class Job:
             if st.get("phase") == "Running" and (nodes is None or st.get("nodesReady") == nodes):
                 return st
             return None
-        return wait_until(ok, timeout=timeout, what=f"Running (now {self.status().get('phase')})")
+        try:
+            return wait_until(ok, timeout=timeout, what="Running")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{self.explain()}") from None
 
     def exit_pod(self, pod: dict[str, Any], code: int, reason: str = "Error", step: int | None = None,
                  message: dict[str, Any] | None = None) -> None:

@@ -1,5 +1,5 @@
 """A small CPU ResilientTrainingJob for the node agents (nodeagent.py): 2 nodes x 2 gloo ranks,
-a tiny model, short timeouts so a fault is recovered in seconds. Used by tests/test_e2e.py and
+a tiny model, short timeouts so a fault is recovered in seconds. Used by tests/e2e/test_e2e.py and
 bench/goodput.py; the training run's timeline lands in <shared dir>/<name>/events.jsonl.
 """
 
@@ -28,6 +28,8 @@ def cpu_rtj(ns: str, name: str, train_args: list[str], steps: int = 60, interval
         "image": "rtj-worker:local",  # node agents run processes; the image is never pulled
         "nodes": {"count": 2}, "gpusPerNode": 0, "efaPerNode": 0, "procsPerNode": 2, "shmSize": "256Mi",
         "placement": {"nodeSelector": {AGENT_LABEL: "true"}, "tolerations": TOLERATIONS},
+        # The coordinator runs as a process too (an agent node; the CPU agent, by preference).
+        "coordinator": {"nodeSelector": {AGENT_LABEL: "true"}, "tolerations": TOLERATIONS},
         "storage": {"storageClassName": "fsx-sc", "size": "1Gi", "mountPath": MOUNT},
         "command": ["python", "-m", "rtj_worker.train"],
         "args": ["--steps", str(steps), "--model-dim", "32", "--layers", "2", "--batch", "8",

@@ -11,8 +11,13 @@ loses node 1 once step 64 is reached. Each fault must be recovered by its own la
 - the SIGKILL by ft_launcher inside the same pod: new processes, same pods;
 - the node loss by the operator: only that pod is replaced, the other rejoins the new round.
 
-The RTJ's counters and events move only for the last one; the worker's timeline (events.jsonl on
-the shared checkpoint volume) shows the other two. A summary table ends the demo.
+The pods run as the chart's rtj-worker ServiceAccount, so each pod's entrypoint publishes its live
+report (step, committed checkpoint, its ranks' recoveries) on its own pod status: `kubectl get rtj`
+shows STEP and CKPT-STEP moving and each recovery under its own tier (IN-PROCESS, LAUNCHER, the
+operator's), and `kubectl describe rtj` has an event for each. The worker's own timeline
+(events.jsonl on the shared checkpoint volume) tells which layer acted, independently of the status;
+a summary table ends the demo, with the goodput the status reports beside the one measured from
+that timeline (rtj_dev.timeline, as bench/goodput.py measures it).
 """
 
 from __future__ import annotations
@@ -34,11 +39,15 @@ from rtj_worker import events
 from .cpu_rtj import cpu_rtj, shared_dir
 from .localcluster import ROOT, LocalCluster
 from .nodeagent import AgentNodes
+from .timeline import goodput, per_fault, step_time
 
 TOOLS = ROOT / ".tools" / "bin"
 NS, NAME = "demo", "train"
 STEPS, INTERVAL = 100, 10
 FAULTS = [("3:25:exc", "an exception in rank 3 at step 25"), ("1:45:sigkill", "SIGKILL of rank 1 at step 45")]
+TIER = {"exc": "InProcess", "sigkill": "Launcher"}  # the status.restartsByTier entry each fault moves
+RANKS = 4
+REPORT_SECONDS = 60  # bound on a recovery's way into status (the pod's report, then the operator's pass)
 LOSE_AT_STEP = 64  # past the checkpoint at step 60
 
 
@@ -76,7 +85,8 @@ class Demo:
         out = self.sh("kubectl", "get", "pods", "-n", NS, "-o", "yaml", show=False)
         return {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["metadata"]["uid"]
                 for p in yaml.safe_load(out)["items"]
-                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                and "batch.kubernetes.io/job-completion-index" in (p["metadata"].get("annotations") or {})}
 
     def timeline(self) -> list[dict[str, Any]]:
         path = shared_dir(self.cluster, NS, NAME)
@@ -91,8 +101,11 @@ class Demo:
         return starts if len({e["rank"] for e in starts}) == 4 else []
 
     def show(self) -> None:
-        self.sh("kubectl", "get", "rtj", "-n", NS)
+        self.sh("kubectl", "get", "rtj", "-n", NS, "-o", "wide")
         self.sh("kubectl", "get", "pods", "-n", NS, "-o", "wide")
+
+    def tier_count(self, tier: str) -> int:
+        return int((self.status().get("restartsByTier") or {}).get(tier) or 0)
 
 
 def layer(before: list[dict[str, Any]], after: list[dict[str, Any]], pods_before: dict[str, str],
@@ -104,6 +117,29 @@ def layer(before: list[dict[str, Any]], after: list[dict[str, Any]], pods_before
     if sorted(e["pid"] for e in before) == sorted(e["pid"] for e in after):
         return "in-process restart (same processes)"
     return "ft_launcher respawn (same pods)"
+
+
+def tiers(status: dict[str, Any]) -> str:
+    counts = status.get("restartsByTier") or {}
+    return ", ".join(f"{tier} {n}" for tier, n in counts.items() if n) or "none"
+
+
+def compare_goodput(demo: Demo, loss: dict[str, Any]) -> None:
+    """The status's goodput (from the pods' reports) beside the one measured from the ranks' timeline
+    over the same wall time (the job's start to its completion, as status.goodput counts it)."""
+    st = demo.status()
+    reported = st.get("goodput") or {}
+    timeline = sorted([*demo.timeline(), loss], key=lambda e: e["t"])
+    wall = float(reported.get("wallSeconds") or 0.0)
+    if not wall:
+        print("\nstatus.goodput has no wall time yet: nothing to compare.")
+        return
+    measured = goodput(timeline, per_fault(timeline, [], RANKS), wall, STEPS, step_time(timeline))
+    print(f"\n### Goodput over the job's {wall:.0f}s (its start to its completion)")
+    print(f"{'':<16} {'status.goodput':>15} {'worker timeline':>16}")
+    for i, key in enumerate(("training", "infrastructure")):
+        value = reported.get(key)
+        print(f"{key:<16} {(f'{value:.1%}' if value is not None else '-'):>15} {measured[i]:>16.1%}")
 
 
 def run() -> int:
@@ -121,22 +157,24 @@ def run() -> int:
               "(and 2 kwok nodes that run nothing).")
         demo = Demo(cluster)
         demo.sh("kubectl", "get", "nodes", "-L", "node.kubernetes.io/instance-type")
+        demo.sh("kubectl", "create", "namespace", NS)
         demo.sh("helm", "install", "rtj-operator", str(ROOT / "charts" / "rtj-operator"), "-n", "rtj-system",
-                "--create-namespace", "--set", "replicaCount=0", "--wait")
+                "--create-namespace", "--set", "replicaCount=0", "--set", f"workerRBAC.namespaces={{{NS}}}", "--wait")
         print("\n(The operator runs here as a process, with a token of the chart's ServiceAccount, so the "
-              "API server enforces the chart's RBAC.)")
+              f"API server enforces the chart's RBAC. The chart made the rtj-worker ServiceAccount in {NS}: "
+              "its pods' tokens may change only their own pod's rtj.dev/ conditions.)")
         kubeconfig = cluster.kubeconfig_for("rtj-system", "rtj-operator", Path(tempfile.mkdtemp()) / "operator")
         log = (cluster.workdir / "logs" / "operator.log").open("wb")  # type: ignore[operator]
         operator = subprocess.Popen([sys.executable, "-m", "rtj_operator", "--metrics-port", "0", "--liveness", ""],
                                     env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log,
                                     stderr=subprocess.STDOUT)
 
-        manifest = cpu_rtj(NS, NAME, [arg for fault, _ in FAULTS for arg in ("--fault", fault)], STEPS, INTERVAL)
+        manifest = cpu_rtj(NS, NAME, [arg for fault, _ in FAULTS for arg in ("--fault", fault)], STEPS, INTERVAL,
+                           serviceAccountName="rtj-worker")
         path = cluster.workdir / "rtj-demo.yaml"  # type: ignore[operator]
         path.write_text(yaml.safe_dump(manifest, sort_keys=False))
         print(f"\n### A 2-node x 2-rank CPU job (gloo, FSDP2, a checkpoint every {INTERVAL} steps) whose "
               f"ranks inject {FAULTS[0][1]} and {FAULTS[1][1]}; the demo loses node 1 at step {LOSE_AT_STEP}.")
-        demo.sh("kubectl", "create", "namespace", NS)
         demo.sh("kubectl", "apply", "-f", str(path))
         demo.sh("kubectl", "wait", "-n", NS, "--for=condition=Running", f"rtj/{NAME}", "--timeout=120s")
         demo.wait("all four ranks training", lambda: len({e["rank"] for e in demo.timeline()
@@ -151,12 +189,18 @@ def run() -> int:
             hit = demo.wait(what, lambda k=kind: next((e for e in demo.timeline() if e["event"] == "fault"
                                                        and e["kind"] == k), None))
             print(f"\n### Step {step}: {what}.")
+            tier, before = TIER[kind], demo.tier_count(TIER[kind])
             after = demo.wait("training to resume", lambda h=hit: demo.resumed_after(h["t"]))
+            by = layer(first, after, pods, demo.pods())
+            print(f"Recovered by {by}: resumed from step {after[0]['step']} "
+                  f"{max(e['t'] for e in after) - hit['t']:.1f}s later.")
+            # The pod whose rank failed reports the recovery once its first step after it is done.
+            demo.wait(f"the {tier} recovery in the RTJ's status", lambda t=tier, b=before: demo.tier_count(t) > b,
+                      timeout=REPORT_SECONDS)
             st = demo.status()
-            rows.append((what, layer(first, after, pods, demo.pods()), after[0]["step"],
-                         max(e["t"] for e in after) - hit["t"], st.get("restarts", 0)))
-            print(f"Recovered by {rows[-1][1]}: resumed from step {rows[-1][2]} {rows[-1][3]:.1f}s later; "
-                  f"RTJ restarts {rows[-1][4]}.")
+            print(f"status.restartsByTier.{tier}: {before} -> {demo.tier_count(tier)} "
+                  f"({time.time() - hit['t']:.1f}s after the fault); last recovery: {st.get('lastRecovery')}")
+            rows.append((what, by, after[0]["step"], max(e["t"] for e in after) - hit["t"], tiers(st)))
             demo.show()
             first = after
 
@@ -168,13 +212,22 @@ def run() -> int:
         print(f"\n### Step {demo.step()}: node {node} (node rank 1) is lost: its processes die and its "
               "lease stops.")
         lost_at = time.time()
+        loss = {"t": lost_at, "event": "fault", "step": demo.step(), "rank": -1}  # for the timeline's goodput
         agents.by_name(node).stop(lose=True)
         took = demo.wait("NotReady", lambda: "NotReady" in demo.sh("kubectl", "get", "node", node, show=False))
-        print(f"The node-lifecycle controller marked {node} NotReady {took:.1f}s later.")
+        print(f"The node-lifecycle controller marked {node} NotReady {took:.1f}s later. Its pod is evicted but "
+              "may still be running there: no second pod of node rank 1 starts until the node is fenced.")
+        demo.wait("WaitingForFencing", lambda: any(c["type"] == "WaitingForFencing" and c["status"] == "True"
+                                                   for c in demo.status().get("conditions") or []))
+        demo.sh("kubectl", "get", "rtj", NAME, "-n", NS, "-o",
+                "jsonpath={.status.conditions[?(@.type=='WaitingForFencing')].message}{'\\n'}")
+        print("The instance is gone for good: its Node is deleted (on EKS the cloud node lifecycle controller "
+              "does this once the instance is terminated).")
+        demo.sh("kubectl", "delete", "node", node)
         after = demo.wait("training to resume", lambda: demo.resumed_after(lost_at), timeout=240)
         st = demo.status()
         rows.append((f"loss of {node}", layer(first, after, pods, demo.pods()), after[0]["step"],
-                     max(e["t"] for e in after) - lost_at, st.get("restarts", 0)))
+                     max(e["t"] for e in after) - lost_at, tiers(st)))
         print(f"Recovered by {rows[-1][1]}: resumed from step {rows[-1][2]} {rows[-1][3]:.1f}s after the loss; "
               f"the pod of node rank 0 kept its uid: {demo.pods().get('0') == pods['0']}.")
         demo.show()
@@ -183,10 +236,11 @@ def run() -> int:
         demo.sh("kubectl", "get", "rtj", "-n", NS)
         demo.sh("kubectl", "get", "events", "-n", NS, "--field-selector", f"involvedObject.name={NAME}")
         demo.sh("kubectl", "describe", "rtj", "-n", NS, NAME)
-        print("\n### Summary: each fault recovered by its own layer")
-        print(f"{'fault':<36} {'recovered by':<38} {'resumed from':>12} {'seconds':>8} {'RTJ restarts':>13}")
-        for what, by, step_, seconds, restarts in rows:
-            print(f"{what:<36} {by:<38} {'step ' + str(step_):>12} {seconds:>8.1f} {restarts:>13}")
+        print("\n### Summary: each fault recovered by its own layer (status: restartsByTier after it)")
+        print(f"{'fault':<36} {'recovered by':<38} {'resumed from':>12} {'seconds':>8}  {'RTJ restarts by tier'}")
+        for what, by, step_, seconds, counts in rows:
+            print(f"{what:<36} {by:<38} {'step ' + str(step_):>12} {seconds:>8.1f}  {counts}")
+        compare_goodput(demo, loss)
         print(f"\nDone in {time.monotonic() - started:.0f}s. Training ran {STEPS} steps; pods were restarted only "
               "for the node loss.")
         return 0

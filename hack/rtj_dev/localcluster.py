@@ -20,6 +20,7 @@ import argparse
 import atexit
 import base64
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ BUILD = ROOT / "hack" / "kube" / "build.sh"
 STAGES = HERE / "kwok-stages.yaml"
 
 INSTANCE_TYPE = "p5.48xlarge"
+CPU_INSTANCE_TYPE = "m5.2xlarge"
 KWOK_LABEL = "kwok.rtj.dev/managed"  # kwok manages (renews the lease of) nodes with this label = "true"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 ADMIN_TOKEN_USER = "rtj-local-admin"
 SERVICE_CIDR = "10.96.0.0/16"
 # Controllers the operator's behaviour depends on (kube-controller-manager --controllers).
@@ -84,6 +87,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def cpu_node(name: str, zone: str = "us-west-2a", managed: bool = True) -> dict[str, Any]:
+    """A Node shaped like an EKS m5.2xlarge in a CPU node group: where RTJ coordinators prefer to run."""
+    node = p5_node(name, zone, managed)
+    node["metadata"]["labels"].update({"node.kubernetes.io/instance-type": CPU_INSTANCE_TYPE,
+                                       "eks.amazonaws.com/nodegroup": "cpu"})
+    node["spec"]["taints"] = []
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    node["status"] = {"capacity": capacity, "allocatable": capacity}
+    return node
 
 
 def p5_node(name: str, zone: str = "us-west-2a", managed: bool = True) -> dict[str, Any]:
@@ -160,6 +174,8 @@ class LocalCluster:
             self._scheduler()
             self._kwok()
             self.add_nodes([f"p5-{i}" for i in range(self.nodes)])
+            # A CPU node, as EKS clusters have for system pods: RTJ coordinators prefer it.
+            self.api("POST", "/api/v1/nodes", cpu_node("cpu-0"))
             self.api("POST", "/apis/storage.k8s.io/v1/storageclasses", FSX_STORAGE_CLASS)
             self._wait_ready()
         except BaseException:
@@ -230,7 +246,8 @@ class LocalCluster:
         ssl_("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=rtj-local-ca")
         (pki / "san.cnf").write_text(
-            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+            # 10.77.0.1: the node agents' bridge, where pods reach the API (nodeagent.ApiRelay).
+            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:10.77.0.1,DNS:localhost,DNS:kubernetes,"
             "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
             "extendedKeyUsage=serverAuth\n")
         ssl_("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -391,6 +408,27 @@ class LocalCluster:
             return payload
         return json.loads(payload) if payload else None
 
+    def watch(self, path: str, resource_version: str, timeout: int = 240) -> Iterator[dict[str, Any]]:
+        """One watch request's events (the API server's JSON lines, BOOKMARKs included) until the server
+        ends it; raises RuntimeError on an HTTP error (410: relist)."""
+        host, port = self.server.removeprefix("https://").rsplit(":", 1)
+        conn = http.client.HTTPSConnection(host, int(port), context=self._ssl(), timeout=timeout + 30)
+        sep = "&" if "?" in path else "?"
+        conn.request("GET", f"{path}{sep}watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}"
+                            f"&timeoutSeconds={timeout}",
+                     headers={"Authorization": f"Bearer {self.admin_token}", "Accept": "application/json"})
+        try:
+            response = conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"watch {path}: HTTP {response.status}: {response.read()[:300]!r}")
+            while line := response.readline():
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"watch {path}: {event.get('object')}")
+                yield event
+        finally:
+            conn.close()
+
     # --- nodes -------------------------------------------------------------------------------------
     def add_nodes(self, names: Iterable[str], zone: str = "us-west-2a") -> None:
         for name in names:
@@ -406,7 +444,21 @@ class LocalCluster:
         self._label_node(name, "false")
 
     def restore_node(self, name: str) -> None:
+        node = self.api("GET", f"/api/v1/nodes/{name}")
+        taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != OUT_OF_SERVICE]
+        if taints != (node["spec"].get("taints") or []):
+            self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints}},
+                     content_type="application/merge-patch+json")
         self._label_node(name, "true")
+
+    def fence_node(self, name: str) -> None:
+        """What an administrator (or an automation) does once a lost node is known to be shut down:
+        the out-of-service taint (non-graceful node shutdown); PodGC then force-deletes its pods."""
+        node = self.api("GET", f"/api/v1/nodes/{name}")
+        taints = [*(node["spec"].get("taints") or []),
+                  {"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"}]
+        self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints}},
+                 content_type="application/merge-patch+json")
 
     def _label_node(self, name: str, managed: str) -> None:
         self.api("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"labels": {KWOK_LABEL: managed}}},

@@ -12,7 +12,13 @@ second and runs the pods the real scheduler binds to it:
   when the container's first process ends, the kernel ends the rest (PID namespace).
 
 It reports pod status as a kubelet does (phase, Ready, containerStatuses, podIP) and honours
-deletion (SIGTERM, grace period, SIGKILL, then delete with grace 0). `stop(lose=True)` is a node
+deletion (SIGTERM, grace period, SIGKILL, then delete with grace 0). Its status writes are strategic
+merge patches keyed by condition type, so conditions others write on the pod (the scheduler's, the
+worker's own `rtj.dev/Progress`) are kept, as a kubelet keeps them. A pod's service-account token is
+mounted as the kubelet mounts it (the projected `kube-api-access-*` volume the ServiceAccount admission
+plugin adds: a TokenRequest bound to the pod, kube-root-ca.crt, the namespace), and
+KUBERNETES_SERVICE_HOST/PORT point at a relay on the bridge to the loopback-only API server, so a pod
+can call the API as on EKS (a partitioned node's pods cannot). `stop(lose=True)` is a node
 loss: processes are killed and the Lease stops, which the real node-lifecycle controller sees.
 
     python -m rtj_dev.nodeagent up --cluster DIR [--nodes 3]   # agents + CoreDNS on a `localcluster up`
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import fcntl
 import json
 import os
 import shlex
@@ -39,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .localcluster import KWOK_LABEL, LocalCluster, kube_bin_dir, p5_node, serve_until_stopped
+from .localcluster import KWOK_LABEL, LocalCluster, cpu_node, kube_bin_dir, p5_node, serve_until_stopped
 
 BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
+API_RELAY_PORT = 6443  # on BRIDGE_IP: the pods' KUBERNETES_SERVICE_HOST/PORT (the API certificate names it)
+LOCK_PATH = "/run/rtj-nodeagents.lock"
 AGENT_LABEL = "rtj.dev/node-agent"  # RTJs select these nodes (kwok nodes run no processes)
 CLUSTER_DOMAIN = "cluster.local"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -168,17 +177,95 @@ def resolve(name: str, server: str = BRIDGE_IP, timeout: float = 1.0) -> str | N
     return None
 
 
+# --- the API server, as pods reach it -------------------------------------------------------------------
+
+class ApiRelay:
+    """TCP from BRIDGE_IP:API_RELAY_PORT to the loopback API server (TLS passes through; the server's
+    certificate names BRIDGE_IP): what the `kubernetes` Service and kube-proxy give pods on EKS.
+    Connections from a `blocked` node IP are refused (a partitioned node has no API server)."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.blocked: set[str] = set()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> ApiRelay:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((BRIDGE_IP, API_RELAY_PORT))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, name="api-relay", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for conn in list(self._open):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._open.clear()
+
+    def _accept(self) -> None:
+        while (listener := self._listener) is not None:
+            try:
+                client, (peer, _) = listener.accept()
+            except OSError:
+                return
+            if peer in self.blocked:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open.update((client, server))
+            threading.Thread(target=self._serve, args=(client, server), daemon=True).start()
+
+    def _serve(self, client: socket.socket, server: socket.socket) -> None:
+        back = threading.Thread(target=self._pump, args=(server, client), daemon=True)
+        back.start()
+        self._pump(client, server)
+        back.join()
+        with self._lock:
+            self._open.difference_update((client, server))
+        client.close()
+        server.close()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
 # --- the node object and its lease -------------------------------------------------------------------
 
 class NodeRegistration:
     """The Node (registered as the kubelet does) and its Lease, renewed every `lease_interval`."""
 
-    def __init__(self, cluster: LocalCluster, name: str, ip: str, zone: str, lease_interval: float = 1.0):
+    def __init__(self, cluster: LocalCluster, name: str, ip: str, zone: str, lease_interval: float = 1.0,
+                 cpu: bool = False):
         self.cluster, self.name, self.ip, self.zone = cluster, name, ip, zone
-        self.lease_interval = lease_interval
+        self.lease_interval, self.cpu = lease_interval, cpu
+
+    def shape(self) -> dict[str, Any]:
+        return cpu_node(self.name, self.zone) if self.cpu else p5_node(self.name, self.zone)
 
     def register(self) -> None:
-        node = p5_node(self.name, self.zone)
+        node = self.shape()
         labels = node["metadata"]["labels"]
         for key in (KWOK_LABEL, "type"):  # kwok must leave this node alone
             labels.pop(key, None)
@@ -200,7 +287,7 @@ class NodeRegistration:
         conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
                            "message": "rtj node agent is posting ready status",
                            "lastHeartbeatTime": now, "lastTransitionTime": now})
-        capacity = p5_node(self.name)["status"]["capacity"]
+        capacity = self.shape()["status"]["capacity"]
         self.cluster.api("PATCH", f"/api/v1/nodes/{self.name}/status", {"status": {
             "conditions": conditions, "capacity": capacity, "allocatable": capacity,
             "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
@@ -253,10 +340,14 @@ class PodSandbox:
                   f"metadata.annotations['{COMPLETION_INDEX}']": meta.get("annotations", {}).get(COMPLETION_INDEX, "")}
         # rtj-worker, ft_launcher and python of the venv the agent runs in (the image's PATH).
         bin_dir = Path(sys.executable).parent
+        # This checkout's worker code, not whichever the venv was installed from; NVRx 0.6 (the production
+        # image's version, `make nvrx06`) first when RTJ_AGENT_NVRX names its folder.
+        paths = [os.environ.get("RTJ_AGENT_NVRX", ""), str(ROOT / "worker"), str(ROOT / "operator")]
         env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOSTNAME": self.hostname, "HOME": "/root", "TMPDIR": str(self.dir / "tmp"),
-               # This checkout's worker code, not whichever the venv was installed from.
-               "PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}", **self.extra_env}
+               # The kubelet's service environment for the API server: here the bridge's relay (ApiRelay).
+               "KUBERNETES_SERVICE_HOST": BRIDGE_IP, "KUBERNETES_SERVICE_PORT": str(API_RELAY_PORT),
+               "PYTHONPATH": ":".join(p for p in paths if p), **self.extra_env}
         for var in self.container.get("env", []):
             if "value" in var:
                 env[var["name"]] = var["value"]
@@ -346,12 +437,13 @@ class NodeAgent:
     """One node: registration, lease, and the pods bound to it (polled, as a kubelet's watch would see)."""
 
     def __init__(self, cluster: LocalCluster, name: str, index: int, workdir: Path, zone: str = "us-west-2a",
-                 poll: float = 0.3, extra_env: dict[str, str] | None = None, created_dirs: set[str] | None = None):
+                 poll: float = 0.3, extra_env: dict[str, str] | None = None, created_dirs: set[str] | None = None,
+                 cpu: bool = False):
         self.cluster, self.name, self.index = cluster, name, index
         self.ip = f"10.77.0.{10 + index}"
         self.netns = f"rtj-{name}"
         self.workdir = workdir / name
-        self.registration = NodeRegistration(cluster, name, self.ip, zone)
+        self.registration = NodeRegistration(cluster, name, self.ip, zone, cpu=cpu)
         self.poll, self.extra_env = poll, extra_env or {}
         self.sandboxes: dict[str, PodSandbox] = {}  # by pod uid
         self.reported: dict[str, str] = {}  # uid -> last status we wrote (json), to skip no-op patches
@@ -359,6 +451,7 @@ class NodeAgent:
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self.created_dirs = created_dirs if created_dirs is not None else set()  # volumes made here
+        self.relay: ApiRelay | None = None  # AgentNodes' relay to the API server
 
     def start(self) -> NodeAgent:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -390,6 +483,44 @@ class NodeAgent:
         Network.remove_node(self.netns, self.index)
         if not lose:
             self.cluster.api("DELETE", f"/api/v1/nodes/{self.name}", missing_ok=True)
+
+    @property
+    def up(self) -> bool:
+        """Registered and syncing (not stopped, lost or partitioned)."""
+        return bool(self._threads) and not self._stop.is_set()
+
+    def terminate(self) -> None:
+        """The machine is gone for good (an EC2 instance terminated): its processes die and, as the cloud
+        node lifecycle controller does on EKS, its Node object is deleted."""
+        self.stop(lose=True)
+        self.cluster.api("DELETE", f"/api/v1/nodes/{self.name}", missing_ok=True)
+
+    def partition(self) -> None:
+        """The node loses the API server but keeps its processes and its network to the other nodes: no
+        lease, no status, no pod updates (it neither starts nor stops pods), ranks keep training; its
+        pods' own API calls fail too."""
+        if self.relay is not None:
+            self.relay.blocked.add(self.ip)
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def heal(self) -> None:
+        """The partition ends: lease, status and pod sync resume (pods deleted meanwhile are stopped)."""
+        if self.relay is not None:
+            self.relay.blocked.discard(self.ip)
+        self._stop.clear()
+        self._threads = [threading.Thread(target=self._loop, args=(fn, interval), name=f"{self.name}-{what}",
+                                          daemon=True)
+                         for fn, interval, what in ((self.registration.renew_lease, 1.0, "lease"),
+                                                    (self.registration.report_status, 10.0, "status"),
+                                                    (self.sync, self.poll, "pods"))]
+        for thread in self._threads:
+            thread.start()
+
+    def processes(self) -> dict[str, int]:
+        """pod uid -> the pid of its live init process, for the pods this node runs."""
+        return {uid: pid for uid, box in self.sandboxes.items() if (pid := box._init_pid()) is not None}
 
     def _loop(self, fn: Any, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -429,10 +560,12 @@ class NodeAgent:
         else:
             self._report(pod, box, "Succeeded" if code == 0 else "Failed", code)
 
-    def _volumes(self, pod: dict[str, Any]) -> dict[str, str]:
+    def _volumes(self, pod: dict[str, Any], pod_dir: Path) -> dict[str, str]:
         ns, volumes = pod["metadata"]["namespace"], {}
         for volume in pod["spec"].get("volumes", []):
-            if "emptyDir" in volume:
+            if projected := volume.get("projected"):
+                volumes[volume["name"]] = str(self._projected(pod, projected, pod_dir / "volumes" / volume["name"]))
+            elif "emptyDir" in volume:
                 volumes[volume["name"]] = "tmpfs"
             elif claim := volume.get("persistentVolumeClaim"):
                 pvc = self.cluster.api("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim['claimName']}")
@@ -446,15 +579,48 @@ class NodeAgent:
                 volumes[volume["name"]] = host["path"]
         return volumes
 
+    def _projected(self, pod: dict[str, Any], projected: dict[str, Any], target: Path) -> Path:
+        """A projected volume's files, as the kubelet writes them: a service-account token bound to this
+        pod (TokenRequest), ConfigMap keys, downward API fields. Written once: the tokens live an hour
+        and more (the API server extends kube-api-access tokens), longer than any run here."""
+        meta, spec = pod["metadata"], pod["spec"]
+        ns = meta["namespace"]
+        files: dict[str, str] = {}
+        for source in projected.get("sources", []):
+            if token := source.get("serviceAccountToken"):
+                request: dict[str, Any] = {"expirationSeconds": token.get("expirationSeconds", 3600),
+                                           "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                                              "name": meta["name"], "uid": meta["uid"]}}
+                if token.get("audience"):
+                    request["audiences"] = [token["audience"]]
+                sa = spec.get("serviceAccountName") or "default"
+                review = self.cluster.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": request})
+                files[token["path"]] = review["status"]["token"]
+            elif ref := source.get("configMap"):
+                data = self.cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{ref['name']}").get("data") or {}
+                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    files[item["path"]] = data[item["key"]]  # KeyError: not published yet, retry
+            elif downward := source.get("downwardAPI"):
+                fields = {"metadata.namespace": ns, "metadata.name": meta["name"], "metadata.uid": meta["uid"]}
+                for item in downward.get("items", []):
+                    files[item["path"]] = fields[item["fieldRef"]["fieldPath"]]
+        target.mkdir(parents=True, exist_ok=True)
+        for path, content in files.items():
+            (target / path).parent.mkdir(parents=True, exist_ok=True)
+            (target / path).write_text(content)
+        return target
+
     def _start(self, pod: dict[str, Any]) -> PodSandbox | None:
+        meta = pod["metadata"]
+        pod_dir = self.workdir / f"{meta['name']}-{meta['uid'][:8]}"
         try:
-            volumes = self._volumes(pod)  # a claim not yet bound: retry on the next sync, as kubelet does
+            # A claim not yet bound, a root CA not yet published: retry on the next sync, as kubelet does.
+            volumes = self._volumes(pod, pod_dir)
         except (KeyError, RuntimeError, TypeError):
             self._report(pod, None, "Pending")
             return None
-        meta = pod["metadata"]
-        box = PodSandbox(pod, self.ip, self.netns, self.workdir / f"{meta['name']}-{meta['uid'][:8]}",
-                         extra_env=self.extra_env)
+        box = PodSandbox(pod, self.ip, self.netns, pod_dir, extra_env=self.extra_env)
         box.start(volumes)
         self.sandboxes[pod["metadata"]["uid"]] = box
         return box
@@ -525,17 +691,28 @@ class AgentNodes:
     """N agent nodes and CoreDNS on one cluster; `stop()` removes everything (processes, netns, bridge)."""
 
     def __init__(self, cluster: LocalCluster, count: int = 3, workdir: Path | None = None, prefix: str = "p5-agent",
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, cpu: int = 1):
+        """`count` p5-shaped agents and `cpu` CPU-shaped ones (where RTJ coordinators prefer to run)."""
         self.cluster = cluster
         self.workdir = workdir or (cluster.workdir or Path("/tmp")) / "agents"  # type: ignore[operator]
         self.volumes: set[str] = set()  # hostPath volumes the agents created, removed on stop
         self.agents = [NodeAgent(cluster, f"{prefix}-{i}", i, self.workdir, extra_env=extra_env,
                                  created_dirs=self.volumes) for i in range(count)]
+        self.agents += [NodeAgent(cluster, f"cpu-agent-{i}", count + i, self.workdir, extra_env=extra_env,
+                                  created_dirs=self.volumes, cpu=True) for i in range(cpu)]
         self.dns = ClusterDNS(cluster, self.workdir / "coredns")
+        self.relay = ApiRelay(cluster.api_port)
+        for agent in self.agents:
+            agent.relay = self.relay
 
     def start(self) -> AgentNodes:
+        # The bridge, the namespaces and the node IPs are the host's: one set of agents at a time (a
+        # second test run, in another checkout, waits here rather than tearing down this one's network).
+        self._lock = open(LOCK_PATH, "w")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             Network.up()
+            self.relay.start()
             self.dns.start()
             for agent in self.agents:
                 agent.start()
@@ -549,9 +726,13 @@ class AgentNodes:
             with contextlib.suppress(Exception):
                 agent.stop()
         self.dns.stop()
+        self.relay.stop()
         Network.down()
         for path in self.volumes:
             shutil.rmtree(path, ignore_errors=True)
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.close()  # releases the flock
 
     def by_name(self, name: str) -> NodeAgent:
         return next(a for a in self.agents if a.name == name)
@@ -571,6 +752,10 @@ class AgentNodes:
             pods = self.cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
             for pod in pods:
                 with contextlib.suppress(RuntimeError):
+                    if pod["metadata"].get("finalizers"):  # the Job's tracking finalizer: its Job is going too
+                        self.cluster.api("PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                                         {"metadata": {"finalizers": None}},
+                                         content_type="application/merge-patch+json")
                     self.cluster.api("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
                                      {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
                                      missing_ok=True)

@@ -3,7 +3,7 @@
 This module is the single source of truth for the CRD (like kubebuilder's types.go):
 `crds/` and the Helm chart's CRD are generated from it (`make crds`) and a test
 fails when they drift. Defaults live here too, so the operator applies exactly the
-defaults the API server would (see `defaults.py`).
+defaults the API server would (see `spec.py`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,24 @@ LABEL_NAME = f"{GROUP}/name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 MANAGER = "rtj-operator"
-ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# Hash of the pod template a Job was built from (builders.job.template_hash).
+ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
+# What operators before template-hash wrote (a hash of the whole Job spec): such a Job is adopted as it
+# is, its template-hash annotation added (reconcile.ensure_job).
+ANNOTATION_LEGACY_SPEC_HASH = f"{GROUP}/spec-hash"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
-# Set by the worker on its own pod: the newest complete checkpoint step it saw.
-ANNOTATION_CHECKPOINT_STEP = f"{GROUP}/checkpoint-step"
+# On the Job: how many of its pods train (the rest are spares).
+ANNOTATION_NODES = f"{GROUP}/nodes"
+# On worker pods: held back from the scheduler until the operator has applied the job's node exclusions
+# (status.excludedNodes) to the pod's node affinity; only this gate is the operator's.
+SCHEDULING_GATE = f"{GROUP}/placement"
+# Kueue (sigs.k8s.io/kueue pkg/controller/constants): the queue and priority of a Job, and the label
+# of the Workload Kueue makes for it.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 
 # p5.48xlarge: 8x H100, 32 EFA interfaces.
 DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
@@ -89,8 +103,6 @@ def _str(description: str = "", **extra: Any) -> dict[str, Any]:
     return schema
 
 
-_FREEFORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-_FREEFORM_LIST = {"type": "array", "items": _FREEFORM}
 
 
 def _cel(rule: str, message: str) -> dict[str, str]:
@@ -243,6 +255,193 @@ AFFINITY = _obj({
     "podAntiAffinity": _POD_AFFINITY,
 })
 
+# --- spec.pod: what a spec adds to the operator's pod template ---------------------------------------
+# Typed subsets of the core/v1 types (not free-form pod specs): a field the schema does not name is
+# rejected by `kubectl apply` (strict field validation), so nothing here can replace what recovery
+# depends on (restartPolicy, the worker's command, its completion index, hostname, grace period).
+
+# The volumes and mount paths the operator puts in every worker pod (builders/job.py).
+RESERVED_VOLUMES = ("dshm", "checkpoints")
+SHM_PATH = "/dev/shm"
+# Label keys the operator, or the Job controller, sets on the pods: the Service's and the gang's
+# selectors, the attempt, the Job's own (batch.kubernetes.io/job-completion-index is NODE_RANK).
+RESERVED_LABEL_PREFIXES = (f"{GROUP}/", "batch.kubernetes.io/")
+RESERVED_LABELS = (LABEL_MANAGED_BY, LABEL_COMPONENT, "controller-uid", "job-name")
+# Pod annotations are checked by key the same way; kubectl.kubernetes.io/ and kwok's are not ours.
+RESERVED_ANNOTATION_PREFIXES = RESERVED_LABEL_PREFIXES
+MAX_ANNOTATION_VALUE = 4096
+IANA_SVC_NAME = r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$"
+CSI_DRIVER = r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$"
+CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
+_NO_BACKSTEPS = _cel(r"!self.matches(r'(^|/)\.\.(/|$)')", "must not contain '..' components")
+_RELATIVE = [_cel("!self.startsWith('/')", "must be a relative path"), _NO_BACKSTEPS]
+_ABSOLUTE = {**_str(pattern=r"^/", maxLength=1024, minLength=1)}
+
+
+def _reserved_key_rule(prefixes: tuple[str, ...], exact: tuple[str, ...], lower: bool = False) -> str:
+    key = "k.lowerAscii()" if lower else "k"
+    clauses = [f"!{key}.startsWith('{p}')" for p in prefixes] + [f"{key} != '{e}'" for e in exact]
+    return f"self.all(k, {' && '.join(clauses)})"
+
+
+_POD_LABELS = _strmap(_str(pattern=LABEL_VALUE, maxLength=63), _LABEL_KEY_RULE, "labels keys must be label keys", 64)
+_POD_LABELS["x-kubernetes-validations"].append(_cel(
+    _reserved_key_rule(RESERVED_LABEL_PREFIXES, RESERVED_LABELS),
+    f"labels must not use the operator's or the Job controller's keys ({', '.join(RESERVED_LABELS)}, "
+    f"{', '.join(p + '*' for p in RESERVED_LABEL_PREFIXES)})"))
+# Annotation keys are qualified names checked in lower case (apimachinery ValidateAnnotations).
+_POD_ANNOTATIONS = _strmap(_str(maxLength=MAX_ANNOTATION_VALUE),
+                           f"k.lowerAscii().matches(r'{LABEL_KEY}') && (!k.contains('/') || k.indexOf('/') <= 253)",
+                           "annotations keys must be qualified names (an optional DNS prefix and '/', then a name)", 32)
+_POD_ANNOTATIONS["x-kubernetes-validations"].append(_cel(
+    _reserved_key_rule(RESERVED_ANNOTATION_PREFIXES, (), lower=True),
+    f"annotations must not use the operator's or the Job controller's prefixes "
+    f"({', '.join(p + '*' for p in RESERVED_ANNOTATION_PREFIXES)}): the completion index is NODE_RANK"))
+
+_LOCAL_REF = _obj({"name": {**_SELECTOR_NAME}}, required=["name"], **{"x-kubernetes-map-type": "atomic"})
+_KEY_TO_PATH = _obj(
+    {"key": _str(pattern=CONFIG_KEY, maxLength=253),
+     "path": _str(maxLength=1024, minLength=1, **{"x-kubernetes-validations": [
+         *_RELATIVE, _cel("!self.startsWith('..')", "must not start with '..'")]}),
+     "mode": _int(minimum=0, maximum=0o777)},
+    required=["key", "path"])
+_ITEMS = _list(_KEY_TO_PATH, 64)
+_VOLUME_SOURCES: dict[str, dict[str, Any]] = {
+    "persistentVolumeClaim": _obj({"claimName": {**_SELECTOR_NAME}, "readOnly": {"type": "boolean"}},
+                                  required=["claimName"]),
+    "configMap": _obj({"name": {**_SELECTOR_NAME}, "items": _ITEMS, "defaultMode": _int(minimum=0, maximum=0o777),
+                       "optional": {"type": "boolean"}}, required=["name"]),
+    "secret": _obj({"secretName": {**_SELECTOR_NAME}, "items": _ITEMS, "defaultMode": _int(minimum=0, maximum=0o777),
+                    "optional": {"type": "boolean"}}, required=["secretName"]),
+    "emptyDir": _obj({"medium": _str(enum=["", "Memory"]), "sizeLimit": _QUANTITY_INT_OR_STRING}),
+    "hostPath": _obj({"path": {**_ABSOLUTE, "x-kubernetes-validations": [_NO_BACKSTEPS]},
+                      "type": _str(enum=["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
+                                         "CharDevice", "BlockDevice"])}, required=["path"]),
+    "nfs": _obj({"server": _str(minLength=1, maxLength=253, pattern=r"^\S+$"), "path": _ABSOLUTE,
+                 "readOnly": {"type": "boolean"}}, required=["server", "path"]),
+    "csi": _obj({"driver": _str(pattern=CSI_DRIVER, maxLength=63), "readOnly": {"type": "boolean"},
+                 "fsType": _str(maxLength=63),
+                 "volumeAttributes": {"type": "object", "additionalProperties": _str(maxLength=4096),
+                                      "maxProperties": 64},
+                 "nodePublishSecretRef": _LOCAL_REF}, required=["driver"]),
+}
+# core/v1 Volume with the sources a training pod uses: datasets on claims (FSx, EFS, Mountpoint for S3
+# as a static PV), inline CSI volumes, NFS, ConfigMaps, Secrets, scratch emptyDirs, host paths.
+VOLUME = _obj(
+    {"name": _str(pattern=DNS1123_LABEL, maxLength=63, minLength=1), **_VOLUME_SOURCES},
+    required=["name"],
+    **{"x-kubernetes-validations": [
+        _cel(f"[{', '.join(f'has(self.{s})' for s in _VOLUME_SOURCES)}].exists_one(x, x)",
+             f"a volume has exactly one source: {', '.join(_VOLUME_SOURCES)}"),
+        _cel(f"!(self.name in {list(RESERVED_VOLUMES)})",
+             f"volume names {', '.join(RESERVED_VOLUMES)} are the operator's"),
+    ]},
+)
+# core/v1 VolumeMount.
+VOLUME_MOUNT = _obj(
+    {"name": _str(pattern=DNS1123_LABEL, maxLength=63, minLength=1),
+     "mountPath": _ABSOLUTE,
+     "readOnly": {"type": "boolean"},
+     "subPath": _str(maxLength=1024, **{"x-kubernetes-validations": _RELATIVE})},
+    required=["name", "mountPath"],
+)
+_UNIQUE_MOUNT_PATHS = _cel("self.all(m, self.exists_one(n, n.mountPath == m.mountPath))",
+                           "mountPath must be unique within a container")
+
+
+def _mounts(description: str) -> dict[str, Any]:
+    return {**_list(VOLUME_MOUNT, 32), "description": description,
+            "x-kubernetes-validations": [_UNIQUE_MOUNT_PATHS]}
+
+
+_CAPABILITIES = _list(_str(pattern=r"^[A-Za-z_0-9]+$", maxLength=64), 64)
+# core/v1 SecurityContext (the fields a sidecar needs: users, privileges, capabilities, seccomp).
+SECURITY_CONTEXT = _obj(
+    {"runAsUser": {"type": "integer", "format": "int64", "minimum": 0},
+     "runAsGroup": {"type": "integer", "format": "int64", "minimum": 0},
+     "runAsNonRoot": {"type": "boolean"},
+     "readOnlyRootFilesystem": {"type": "boolean"},
+     "allowPrivilegeEscalation": {"type": "boolean"},
+     "privileged": {"type": "boolean"},
+     "capabilities": _obj({"add": _CAPABILITIES, "drop": _CAPABILITIES}),
+     "seccompProfile": _obj({"type": _str(enum=["RuntimeDefault", "Unconfined", "Localhost"]),
+                             "localhostProfile": _str(maxLength=1024)}, required=["type"],
+                            **{"x-kubernetes-validations": [_cel(
+                                # The server refuses localhostProfile (even "") with another type.
+                                "self.type == 'Localhost' ? (has(self.localhostProfile) && "
+                                "self.localhostProfile != '') : !has(self.localhostProfile)",
+                                "seccompProfile.localhostProfile is set exactly when type is Localhost")]})},
+    **{"x-kubernetes-validations": [_cel(
+        "!(has(self.privileged) && self.privileged && has(self.allowPrivilegeEscalation) "
+        "&& !self.allowPrivilegeEscalation)",
+        "allowPrivilegeEscalation cannot be false when privileged is true")]},
+)
+CONTAINER_PORT = _obj(
+    {"containerPort": _int(minimum=1, maximum=65535),
+     "name": _str(pattern=IANA_SVC_NAME, maxLength=15, **{"x-kubernetes-validations": [
+         _cel("self.matches('[a-z]') && !self.contains('--')",
+              "a port name has a letter and no '--' (IANA service name)")]}),
+     "protocol": _str(enum=["TCP", "UDP", "SCTP"], default="TCP")},
+    required=["containerPort"],
+)
+# core/v1 Container for init containers and native sidecars (restartPolicy: Always). No probes,
+# lifecycle hooks or host ports.
+INIT_CONTAINER = _obj(
+    {"name": _str("Container name (a DNS label; not 'worker').", pattern=DNS1123_LABEL, maxLength=63, minLength=1),
+     "image": _str(minLength=1, pattern=r"^\S+$", maxLength=1024),
+     "imagePullPolicy": _str(enum=["Always", "IfNotPresent", "Never"]),
+     "command": _list(_str(), 256),
+     "args": _list(_str(), 256),
+     "workingDir": _str(maxLength=1024),
+     "env": _list(ENV_VAR, 256, "name"),
+     "ports": {**_list(CONTAINER_PORT, 32, "containerPort", "protocol"), "x-kubernetes-validations": [_cel(
+         "self.all(p, !has(p.name) || self.exists_one(q, has(q.name) && q.name == p.name))",
+         "port names must be unique within a container")]},
+     "resources": RESOURCE_REQUIREMENTS,
+     "volumeMounts": _mounts("Mounts of spec.pod.volumes, or of the operator's checkpoints and dshm."),
+     "securityContext": SECURITY_CONTEXT,
+     "restartPolicy": _str("Always: a native sidecar, started before the worker and stopped after it, so the pod "
+                           "still ends when the worker does. Unset: an init container, run to completion before "
+                           "the worker starts.", enum=["Always"])},
+    required=["name", "image"],
+    **{"x-kubernetes-validations": [_cel(f"self.name != '{CONTAINER_NAME}'",
+                                         f"the container name {CONTAINER_NAME!r} is the operator's")]},
+)
+_MOUNTED_VOLUME = (f"m.name in {list(RESERVED_VOLUMES)} || (has(self.volumes) "
+                   "&& self.volumes.exists(v, v.name == m.name))")
+POD = _obj(
+    {
+        "labels": {**_POD_LABELS, "description": "Labels of every pod of the job (workers and coordinator), "
+                                                "added to the operator's own (which may not be set here)."},
+        "annotations": {**_POD_ANNOTATIONS, "description": "Annotations of every pod of the job (workers and "
+                                                          "coordinator), e.g. karpenter.sh/do-not-disrupt."},
+        "imagePullSecrets": {**_list(_LOCAL_REF, 16, "name"),
+                             "description": "Secrets for pulling spec.image and the init containers' images "
+                                            "(workers and coordinator)."},
+        "schedulerName": _str("Scheduler of the worker pods (default: the default scheduler; the coordinator "
+                              "always uses it).", pattern=DNS1123_SUBDOMAIN, maxLength=253),
+        "volumes": {**_list(VOLUME, 32, "name"),
+                    "description": "Extra volumes of the worker pods (core/v1 Volume, one source each); "
+                                   "dshm and checkpoints are the operator's."},
+        "volumeMounts": _mounts("Extra mounts of the worker container (not /dev/shm or storage.mountPath)."),
+        "initContainers": {**_list(INIT_CONTAINER, 8, "name"),
+                           "description": "Init containers and native sidecars (restartPolicy: Always) of the "
+                                          "worker pods, in this order, before the worker container (which "
+                                          "stays the pod's only regular container: the pod ends with it)."},
+    },
+    description="What every pod of the job gets beyond what the operator sets; merged, never replacing: "
+                "the operator's labels, volumes, mounts and the worker container stay as they are. Like "
+                "any pod template edit, changing it starts a new gang.",
+    **{"x-kubernetes-validations": [
+        _cel(f"!has(self.volumeMounts) || self.volumeMounts.all(m, {_MOUNTED_VOLUME})",
+             "volumeMounts must name a volume of spec.pod.volumes (or dshm, checkpoints)"),
+        _cel(f"!has(self.initContainers) || self.initContainers.all(c, !has(c.volumeMounts) || "
+             f"c.volumeMounts.all(m, {_MOUNTED_VOLUME}))",
+             "initContainers' volumeMounts must name a volume of spec.pod.volumes (or dshm, checkpoints)"),
+    ]},
+)
+
+
 SPEC_SCHEMA: dict[str, Any] = _obj(
     {
         "image": _str("Worker container image (runs ft_launcher, see worker/).", minLength=1,
@@ -257,13 +456,35 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                  "description": "Arguments appended to the training command."},
         "nodes": _obj(
             {
-                "count": _int(minimum=1, maximum=1024, description="Nodes (pods) to run, one per node."),
+                "count": _int(minimum=1, maximum=1024, description="Nodes that train (the world size in nodes), "
+                                                                   "one pod per node."),
+                "spares": _int(0, 0, 64, "Hot spares: this many more pods wait, warm, on nodes of their own; when "
+                                         "a training node is lost its ranks move to a spare in the next rendezvous "
+                                         "round (ft_launcher, no pod on the critical path) and the lost pod is "
+                                         "replaced in the background as a new spare. Needs NVRx 0.6 in the image "
+                                         "(its barrier rendezvous) and the coordinator."),
                 "min": _int(minimum=1, maximum=1024,
-                            description="Smallest node count training may continue with (elastic); "
-                                        "defaults to count."),
-                "max": _int(minimum=1, maximum=1024, description="Largest node count; defaults to count."),
+                            description="Not supported (an elastic world size): must equal count if set. NVRx "
+                                        "0.6 trains on exactly min nodes and 0.4.1 on up to max; use spares."),
+                "max": _int(minimum=1, maximum=1024, description="Not supported: must equal count if set."),
             },
             required=["count"],
+        ),
+        "coordinator": _obj(
+            {
+                "enabled": {"type": "boolean", "default": True,
+                            "description": "Run the rendezvous and the ranks' stores in a small CPU pod of their "
+                                           "own (<name>-rdzv), so that no training node hosts them: losing node "
+                                           "0 is then like losing any node. Off: node 0's pod hosts them, and "
+                                           "its loss ends every other pod too (charged once)."},
+                "nodeSelector": {**_strmap(_str(pattern=LABEL_VALUE, maxLength=63), _LABEL_KEY_RULE,
+                                           "nodeSelector keys must be label keys", 64),
+                                 "description": "Where the coordinator may run (default: anywhere; nodes of "
+                                                "another instance type than the training nodes are preferred)."},
+                "tolerations": {**_list(TOLERATION, 64),
+                                "description": "Its tolerations (default: the GPU taint, so it can run anywhere)."},
+            },
+            default={},
         ),
         "gpusPerNode": _int(8, 0, 16, "nvidia.com/gpu per node (8 on p5.48xlarge); also the number of "
                                        "ranks per node. 0 runs ranks on CPU with gloo."),
@@ -279,6 +500,19 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                  "description": "Extra node labels, e.g. eks.amazonaws.com/nodegroup."},
                 "tolerations": {**_list(TOLERATION, 64), "description": "Pod tolerations (core/v1 Toleration)."},
                 "affinity": {**AFFINITY, "description": "Pod affinity (core/v1 Affinity)."},
+                "topology": _obj(
+                    {"key": {**_LABEL_KEY_STR, "description": "A node label whose value names a network domain, "
+                                                               "e.g. topology.k8s.aws/network-node-layer-3 (p5 "
+                                                               "nodes carry layers 1-3) or "
+                                                               "topology.kubernetes.io/zone."},
+                     "mode": _str("Required: every training pod in one domain (a gang that does not fit one "
+                                  "stays Pending, WaitingForCapacity); Preferred: as close as the scheduler can.",
+                                  enum=["Required", "Preferred"], default="Required")},
+                    required=["key"],
+                    description="Place the gang in one topology domain. With a queue (queueName), rendered as "
+                                "Kueue Topology Aware Scheduling annotations (kueue.x-k8s.io/podset-required-"
+                                "topology or -preferred-topology), so Kueue admits the gang only where it fits; "
+                                "without one, as pod affinity to the gang's other pods on that key."),
             },
             default={},
         ),
@@ -316,13 +550,15 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                          "because a peer failed is not charged. 5 as in the "
                                                          "NVRx reference (FaultCounter(max_rank_faults=5)), "
                                                          "so its 5-fault schedule is recovered in process."),
-                        "softTimeoutSeconds": _int(45, 1, 3600, "Progress watchdog soft timeout. Must exceed "
-                                                                "resiliency.ncclTimeoutSeconds."),
-                        "hardTimeoutSeconds": _int(55, 1, 7200, "Progress watchdog hard timeout. Must be below "
-                                                                "resiliency.heartbeatTimeoutSeconds (defaults "
-                                                                "leave room for heartbeat timeouts down to 60 s; "
-                                                                "the NVRx reference runs 60/300/600/900/1200 for "
-                                                                "NCCL/soft/hard/heartbeat/initial)."),
+                        "softTimeoutSeconds": _int(45, 2, 3600, "Progress watchdog soft timeout: a rank that "
+                                                                "made no progress for this long is aborted and "
+                                                                "restarts in process (at least 2 s: NVRx's 1 s "
+                                                                "monitor intervals must be shorter)."),
+                        "hardTimeoutSeconds": _int(55, 1, 7200, "Progress watchdog hard timeout: a rank still "
+                                                                "stuck is terminated (ft_launcher takes over). "
+                                                                "Must be below resiliency.heartbeatTimeoutSeconds "
+                                                                "(defaults leave room for heartbeat timeouts down "
+                                                                "to 60 s)."),
                     },
                     default={},
                 ),
@@ -341,12 +577,18 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                                        "with NVRx 0.6, the setup section). "
                                                                        "Must exceed heartbeatTimeoutSeconds."),
                 "monitorIntervalSeconds": _int(5, 1, 3600, "Rank monitor check interval."),
-                "ncclTimeoutSeconds": _int(30, 1, 3600, "Collective (NCCL) timeout of the training process "
-                                                        "group: how long a healthy rank blocks in a collective "
-                                                        "with a failed peer. Must be below the in-process soft "
-                                                        "timeout so the rank raises and restarts in process "
-                                                        "before the watchdog declares it hung (order: NCCL < "
-                                                        "soft < hard < heartbeat < initial heartbeat)."),
+                "ncclTimeoutSeconds": _int(None, 1, 3600, "Timeout of the training process group's "
+                                                          "collectives. With NCCL (gpusPerNode > 0) it is the "
+                                                          "NCCL watchdog's, which kills the process when it "
+                                                          "fires: with in-process restart it must exceed the "
+                                                          "hard timeout (NVRx usage guide), or a hang is never "
+                                                          "restarted in process, and stay below the heartbeat "
+                                                          "timeout; default halfway between them, at most a "
+                                                          "minute past the hard timeout. With gloo "
+                                                          "(CPU) a timed-out collective raises in the healthy "
+                                                          "ranks, which is how they join an in-process restart: "
+                                                          "it must be below the soft timeout; default 30 s "
+                                                          "(less, below a shorter soft timeout)."),
                 "maxNoProgressCycles": _int(3, 0, 100, "NVRx 0.6: ft_launcher stops restarting (the pod fails "
                                                        "permanently) after this many consecutive restart "
                                                        "cycles without a newer committed checkpoint; 0 "
@@ -383,12 +625,26 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                                "checkpoint step advancing before Failed."),
                 "nodeLossGraceSeconds": _int(30, 0, 3600, "How long a node must stay NotReady or "
                                                           "unreachable (since its Ready condition changed) before "
-                                                          "its pod is evicted and replaced: a short blip must not "
-                                                          "kill a healthy rank."),
-                "terminatingTimeoutSeconds": _int(60, 1, 86400, "How long a pod may stay Terminating on a "
-                                                                "lost node (its kubelet cannot confirm) before the "
-                                                                "operator marks it Failed and deletes it, as PodGC "
-                                                                "does, so the Job controller frees its index."),
+                                                          "its pod is evicted (and charged as a disruption): a short "
+                                                          "blip must not kill a healthy rank."),
+                "capacitySuspendSeconds": _int(600, 1, 86400, "How long a pod of the job may stay unschedulable "
+                                                              "(WaitingForCapacity) before the gang is suspended, so "
+                                                              "that the nodes it holds are released; it resumes by "
+                                                              "itself once enough fitting nodes show up."),
+                "capacityTimeoutSeconds": _int(86400, 0, 31536000, "How long the job may wait for capacity in all "
+                                                                   "before it ends Failed (InsufficientCapacity, the "
+                                                                   "platform's reason); 0: for ever."),
+                "terminatingTimeoutSeconds": _int(60, 1, 86400, "How long a pod may stay Terminating past its "
+                                                                "grace period on a node that is not lost before "
+                                                                "it is reported stuck (WaitingForPodTermination). "
+                                                                "On a lost node nothing is timed: its pod is "
+                                                                "replaced once the node is fenced "
+                                                                "(WaitingForFencing)."),
+                "nodeExclusionSeconds": _int(3600, 0, 604800, "How long a node the job left for ill health (a "
+                                                              "health agent's condition or label), or on which its "
+                                                              "pods failed twice, is kept out of its placement: no "
+                                                              "replacement or spare pod lands there meanwhile "
+                                                              "(status.excludedNodes, at most 16). 0: never."),
             },
             default={},
         ),
@@ -397,9 +653,16 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                       "description": "Container resources (core/v1 ResourceRequirements); "
                                      "GPU and EFA are added from gpusPerNode/efaPerNode."},
         "serviceAccountName": _str("ServiceAccount of the worker pods.", pattern=DNS1123_SUBDOMAIN, maxLength=253),
-        "priorityClassName": _str("PriorityClass of the worker pods.", pattern=DNS1123_SUBDOMAIN, maxLength=253),
+        "priorityClassName": _str("PriorityClass of the worker pods and the coordinator (preempting the "
+                                  "coordinator would restart the gang).", pattern=DNS1123_SUBDOMAIN,
+                                  maxLength=253),
+        "pod": POD,
         "suspend": {"type": "boolean", "default": False,
                     "description": "Suspend the job: pods are removed, status and budgets are kept."},
+        "queueName": _str("Kueue LocalQueue to submit the gang to (the Job's kueue.x-k8s.io/queue-name; the RTJ's "
+                          "own label of that name works too). Kueue then decides when the gang runs: the Job is "
+                          "created suspended and admitted, preempted or re-queued by Kueue, never charged to a "
+                          "budget; a gang restart re-queues it.", pattern=DNS1123_SUBDOMAIN, maxLength=63),
     },
     required=["image", "nodes"],
     **{"x-kubernetes-validations": [
@@ -410,6 +673,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
              "an absolute checkpoint.dir must lie inside storage.mountPath"),
         _cel("self.storage.mountPath != '/dev/shm' && !self.storage.mountPath.startsWith('/dev/shm/')",
              "storage.mountPath must not be /dev/shm: the shared-memory volume is mounted there"),
+        _cel("!has(self.pod) || !has(self.pod.volumeMounts) || self.pod.volumeMounts.all(m, "
+             f"m.mountPath != '{SHM_PATH}' && m.mountPath != self.storage.mountPath)",
+             "pod.volumeMounts must not use /dev/shm or storage.mountPath: the operator mounts them"),
     ]},
 )
 
@@ -434,41 +700,154 @@ _CONDITION = _obj(
 
 STATUS_SCHEMA: dict[str, Any] = _obj(
     {
-        "phase": _str(enum=["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
+        "phase": _str(enum=["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
                             "Invalid"]),
         "observedGeneration": {"type": "integer"},
         "conditions": {"type": "array", "items": _CONDITION,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        "nodesDesired": {"type": "integer"},
-        "nodesReady": {"type": "integer"},
-        "restarts": {"type": "integer", "description": "All restarts done by the operator."},
-        "restartsByTier": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "nodesDesired": {"type": "integer", "description": "Training nodes (nodes.count)."},
+        "nodesReady": {"type": "integer", "description": "Pods running and ready, hot spares included."},
+        "standbys": {"type": "integer", "description": "Ready pods beyond the training nodes: hot spares waiting "
+                                                       "to take over a lost node's ranks."},
+        "restarts": {"type": "integer", "description": "All restarts, every tier: the pods' own (InProcess, "
+                                                       "Launcher) and the operator's (ReplacePod, GangRestart)."},
+        "restartsByTier": {"type": "object", "additionalProperties": {"type": "integer"},
+                           "description": "Restarts by tier. InProcess (inprocess.Wrapper) and Launcher (ft_launcher) "
+                                          "are counted from the pods' reports, each by the pod whose rank caused it; "
+                                          "ReplacePod and GangRestart are the operator's."},
+        "restartCounts": {"type": "array", "maxItems": 32, "description": "Restarts by tier, reason and who was "
+                          "charged (job or platform); the per-job metric rtj_job_restarts_total.",
+                          "items": _obj({"tier": _str(), "reason": _str(), "charged": _str(enum=["job", "platform"]),
+                                         "count": {"type": "integer"}})},
+        "lastRecovery": _obj(
+            {"tier": _str(enum=["InProcess", "Launcher", "ReplacePod", "GangRestart"]),
+             "reason": _str("The cause: an exception class, RankKilled, RankHung, RankExited, or the operator's "
+                            "failure reason."),
+             "message": _str(),
+             "seconds": {"type": "number", "description": "From the fault to training again (in the pods: the "
+                                                           "first step after it; the operator's: all nodes running)."},
+             "stepsRolledBack": {"type": "integer", "description": "Steps trained again: the step reached minus "
+                                                                   "the checkpoint step resumed from."},
+             "time": _str("When the fault happened.", format="date-time"),
+             "pod": _str("The pod whose rank caused it (in-pod tiers).")},
+            description="The newest recovery of any tier."),
+        "progress": _obj(
+            {"step": {"type": "integer", "description": "The training step, from the newest pod report."},
+             "stepTime": _str("When the pods reached that step.", format="date-time"),
+             "stepSeconds": {"type": "number", "description": "Seconds a step takes (median of the last steps)."},
+             "checkpointStep": {"type": "integer", "description": "Newest committed checkpoint step "
+                                                                  "(= lastCheckpointStep)."},
+             "checkpointTime": _str(format="date-time"),
+             "checkpointAgeSeconds": {"type": "number", "description": "The checkpoint's age at updateTime."},
+             "reportingPods": {"type": "integer", "description": "Pods of the current Job with a report."},
+             "trainingPods": {"type": "integer", "description": "Of those, pods whose ranks are training (the "
+                                                                "others wait: a rendezvous, a hot spare, a recovery)."},
+             "updateTime": _str("When this was last written: at most every 10 s unless a count changed.",
+                                format="date-time")},
+            description="Live progress from the pods' reports (the condition rtj.dev/Progress each pod's entrypoint "
+                        "writes on its own status)."),
+        "goodput": _obj(
+            {"training": {"type": "number", "description": "Steps since the job started x seconds per step / wall "
+                                                           "time (bench/goodput.py's training goodput)."},
+             "infrastructure": {"type": "number", "description": "Seconds the ranks were in the training loop / wall "
+                                                                 "time (bench/goodput.py's infrastructure goodput)."},
+             "inLoopSeconds": {"type": "number"},
+             "wallSeconds": {"type": "number", "description": "From startTime to the last progress update (or "
+                                                              "completionTime)."},
+             "startStep": {"type": "integer", "description": "The step the job started from (a resumed checkpoint)."}},
+            description="Goodput so far."),
         "jobRestarts": {"type": "integer", "description": "Restarts charged to the job's own failures."},
         "disruptions": {"type": "integer", "description": "Restarts charged to the platform."},
         "restartsWithoutProgress": {"type": "integer"},
         "attempt": {"type": "integer", "description": "Generation of the gang (Job) now running."},
         "lastFailureReason": _str(),
         "lastFailureMessage": _str(),
-        "lastCheckpointStep": {"type": "integer"},
+        "lastCheckpointStep": {"type": "integer", "description": "Newest committed checkpoint step: from the pods' "
+                                                                 "live reports and their termination messages."},
         "lastCheckpointTime": _str(format="date-time"),
         "stepAtLastRestart": {"type": "integer"},
         "restartStartedTime": _str(format="date-time"),
         "lastRecoverySeconds": {"type": "number"},
-        "failedIndexes": {"type": "array", "items": {"type": "integer"}},
-        "recovery": {**_FREEFORM, "description": "Bookkeeping of the recovery in progress."},
+        "excludedNodes": {"type": "array", "maxItems": 16, "items": _obj(
+            {"node": _str(), "reason": _str(), "until": _str(format="date-time")}),
+            "description": "Nodes kept out of the job's placement (restartBudget.nodeExclusionSeconds): "
+                           "no pod of it is placed there until then."},
+        "queue": _obj({"name": _str(), "workload": _str(), "admitted": {"type": "boolean"},
+                       "clusterQueue": _str()},
+                      description="Kueue: the LocalQueue, the Workload Kueue made for the Job, whether it is "
+                                  "admitted and by which ClusterQueue."),
+        "recovery": _obj(
+            {
+                "seenPods": {"type": "array", "items": _str(), "maxItems": 4096,
+                             "description": "Pods (uids) whose failures were settled: charged, or deliberately "
+                                            "not; never charged again."},
+                "charged": _obj(
+                    {"attempt": {"type": "integer"},
+                     "nodes": {"type": "array", "items": _str(), "maxItems": 1024,
+                               "description": "Lost nodes whose loss is charged already."},
+                     "faults": {"type": "integer", "description": "Faults charged in this recovery; their "
+                                                                  "peers' failures (RendezvousHostLost) are "
+                                                                  "consequences, not charged."},
+                     "platform": {"type": "boolean", "description": "One of them was the platform's: the "
+                                                                    "survivors' failed rendezvous while its "
+                                                                    "replacement waits are not charged."}},
+                    description="The fault being recovered in this attempt (one fault, one charge)."),
+                "faultSettlesAt": _str("Once the gang's pods run again: until when a failed rendezvous is still a "
+                                       "consequence of the fault just recovered.", format="date-time"),
+                "pendingGangRestart": _str("A new gang attempt was decided; its Job is not created yet: why."),
+                "gangRestartTime": _str(format="date-time"),
+                "replacementBackoffSeconds": {"type": "number", "description": "What the Job controller delays "
+                                                                               "the next replacement pod by."},
+                "suspendedForCapacity": _str("When the gang was suspended because a pod of it stayed "
+                                             "unschedulable; empty once it resumed.", format="date-time"),
+                "evictionsRefused": {"type": "array", "items": _str(), "maxItems": 1024,
+                                     "description": "Pods (uids) whose eviction a PodDisruptionBudget refused: "
+                                                    "reported once, retried all the same."},
+                "suspendedJob": {"type": "boolean", "description": "The operator suspended the Job (spec.suspend, "
+                                                                 "capacity): it un-suspends only a Job it suspended."},
+                "nodeFailures": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 64,
+                                 "description": "Failures charged to the job, by the node its pod ran on: two "
+                                                "exclude the node."},
+                "capacityNodes": {"type": "array", "items": _str(), "maxItems": 1024,
+                                  "description": "The nodes (uids) that fitted the job when it was suspended for "
+                                                 "capacity: it resumes once the fitting nodes are enough and not "
+                                                 "these."},
+                "reports": {"type": "object", "maxProperties": 4096, "description": "Per pod (uid) of the current "
+                            "Job: what its report said that is already counted (in-pod restarts and their causes, "
+                            "in-loop seconds); pods with nothing to count are left out.",
+                            "additionalProperties": _obj({
+                                "inProcess": {"type": "integer"}, "launcher": {"type": "integer"},
+                                "inLoopSeconds": {"type": "number"},
+                                "causes": {"type": "object", "maxProperties": 16,
+                                           "additionalProperties": {"type": "integer"}}})},
+                "events": {"type": "object", "description": "Per in-pod tier: the restart count and time of the last "
+                           "event (InProcessRestart, LauncherRestart: at most one every 30 s).",
+                           "additionalProperties": _obj({"count": {"type": "integer"},
+                                                         "time": _str(format="date-time")})},
+                "stepAtFault": {"type": "integer", "description": "The step reached when the operator charged the "
+                                                                  "fault it recovers (for stepsRolledBack)."},
+            },
+            description="Bookkeeping of the recovery in progress (the operator's ledger).",
+        ),
         "startTime": _str(format="date-time"),
         "completionTime": _str(format="date-time"),
     },
-    **{"x-kubernetes-preserve-unknown-fields": True},  # kopf keeps its own progress here
 )
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.nodesReady"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.nodesDesired"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "All tiers"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Ckpt-Step", "type": "integer", "jsonPath": ".status.lastCheckpointStep"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # kubectl get rtj -o wide
+    {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
+    {"name": "In-Process", "type": "integer", "jsonPath": ".status.restartsByTier.InProcess", "priority": 1},
+    {"name": "Launcher", "type": "integer", "jsonPath": ".status.restartsByTier.Launcher", "priority": 1},
+    {"name": "Last-Recovery", "type": "string", "jsonPath": ".status.lastRecovery.reason", "priority": 1},
 ]
 
 

@@ -13,6 +13,9 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 INVALID_SPEC = "InvalidSpec"
 STORAGE_READY = "StorageReady"
+# Kueue: the gang waits in its queue (True) / its quota is reserved and it may run (True).
+QUEUED = "Queued"
+ADMITTED = "Admitted"
 
 
 def timestamp(now: datetime.datetime) -> str:

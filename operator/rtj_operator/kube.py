@@ -26,6 +26,9 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Node": ("/api/v1", "nodes", False),
     "Event": ("/api/v1", "events", True),
     "Job": ("/apis/batch/v1", "jobs", True),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),  # leader election (leader.py)
+    # Kueue's (optional: only read for an RTJ with a queue).
+    "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL, True),
 }
 
@@ -58,7 +61,7 @@ def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token:
             kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
         _bearer_from_loader(config)
         client = kubernetes.client.ApiClient(config)
-    # One connection per reconcile thread (handlers.PASS_THREADS), not urllib3's default 10.
+    # One connection per worker thread (runtime.WORKERS, 16 by default), not urllib3's default 10.
     client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
     client.user_agent = user_agent  # audit logs tell the operator apart
     return client
@@ -91,7 +94,8 @@ def _matches(obj: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 class Kube:
-    """Every API call the operator makes goes through here (and tests/test_rbac.py checks them)."""
+    """Every API call the operator makes goes through here (tests/cluster/test_chart.py checks them against the
+    chart's RBAC, from the API server's audit log)."""
 
     def __init__(self, client: kubernetes.client.ApiClient,
                  on_call: Callable[[str, str], None] | None = None):
@@ -165,30 +169,39 @@ class Kube:
         return self._call(verb, kind, "PATCH", self._path(kind, namespace, name, subresource), body=patch,
                           content_type=content_type)
 
-    def evict(self, name: str, namespace: str) -> bool:
+    def evict(self, name: str, namespace: str, uid: str | None = None) -> str:
         """The Eviction API: the server marks the pod DisruptionTarget and deletes it gracefully.
-        False when the pod is gone or a PodDisruptionBudget says not now (429)."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        'evicted'; 'gone' (404, or 409: a new pod of that name, not the one meant: `uid`); 'refused'
+        when a PodDisruptionBudget says not now (429)."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         try:
             self._call("create/eviction", "Pod", "POST", self._path("Pod", namespace, name, "eviction"), body=body)
-            return True
+            return "evicted"
         except KubeError as exc:
-            if exc.status in (404, 429):
-                return False
+            if exc.status in (404, 409):
+                return "gone"
+            if exc.status == 429:
+                return "refused"
             raise
 
     def delete(self, kind: str, name: str, namespace: str | None, *, grace_seconds: int | None = None,
-               propagation: str = "Background") -> bool:
+               propagation: str = "Background", uid: str | None = None) -> dict[str, Any] | None:
+        """DELETE; the server's answer (the object, now with a deletionTimestamp, or a Status), or
+        None when it was gone (404) or is another object now (409 on the `uid` precondition)."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions",
                                 "propagationPolicy": propagation}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            self._call("delete", kind, "DELETE", self._path(kind, namespace, name), body=body)
-            return True
+            return self._call("delete", kind, "DELETE", self._path(kind, namespace, name), body=body) or {}
         except KubeError as exc:
-            if exc.status == 404:
-                return False
+            if exc.status == 404 or (uid and exc.status == 409):
+                return None
             raise
 
     def event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:

@@ -1,19 +1,23 @@
-"""One level-triggered pass: read the RTJ's world, converge its children, compute its status.
+"""One level-triggered pass, as a pure function: the RTJ's world in, what to do about it out.
 
-`reconcile()` is idempotent: running it twice on the same world changes nothing the second time.
-Everything it must remember between passes (budgets, charged pods, the gang attempt) lives in the
-RTJ's status, so an operator restart or a deleted child cannot reset it.
+`reconcile(world, now)` returns an Intent: the new status, the actions that converge the children,
+the events to post and when to look again. It reads nothing and writes nothing: the runtime builds
+the World from its stores (or tools from the API), carries the actions out (actions.execute), folds
+their results in (`settle`), writes the status once, then posts the events.
 
-Crash consistency: a decision is written to status before the side effect that carries it out, and
+Idempotent: on the same world it decides the same, and a converged world yields no actions and the
+same status. Everything it must remember between passes (budgets, charged pods, the gang attempt)
+lives in the status (status.py), so an operator restart or a deleted child cannot reset it.
+
+Crash consistency: a decision is recorded in status before the side effect that carries it out, and
 each side effect is derived from status plus the world. A pass that charges a failure or moves to a
-new gang attempt writes status and acts in the next pass; a pass that acts (evict, fail a pod,
-delete the old Job, create the new one) only carries out what status already says. So an operator
-that dies at any point counts each failure once and performs each action once.
+new gang attempt records it and acts in the next pass (Requeue.act); a pass that acts (evict, fail a
+pod, delete the old Job, create the new one) only carries out what status already says. So an
+operator that dies at any point counts each failure once and performs each action once.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,31 +25,52 @@ from typing import Any
 
 import kopf
 
-from . import api, conditions, metrics, recovery
-from .builders import build_job, build_pvc, build_service, job_name, pvc_name, service_name
-from .builders.job import template_hash
-from .builders.names import selector_labels
-from .conditions import CREATED, FAILED, INVALID_SPEC, RESTARTING, RUNNING, SUCCEEDED, SUSPENDED, parse_time, timestamp
-from .kube import Kube, KubeError
+from . import api, conditions, health, ladder, metrics, progress
+from .actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, UNGATE, Action, Result
+from .builders import build_coordinator, build_job, build_pvc, build_service, job_name, pvc_name, service_name
+from .builders.job import PER_INDEX_LIMIT, template_hash
+from .conditions import (
+    ADMITTED,
+    CREATED,
+    FAILED,
+    INVALID_SPEC,
+    QUEUED,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    parse_time,
+    timestamp,
+)
 from .spec import RTJ, semantic_errors
+from .status import Status
+from .world import World, owned_by
 
-# Seconds until the next pass while something is in flight; a quiet job is checked less often.
-# Watch events (the RTJ, its pods, its Job, nodes) wake a job earlier.
-ACT_REQUEUE = 0.05  # a decision was just written: carry it out
-BUSY_REQUEUE = 2.0
-IDLE_REQUEUE = 60.0
+# Seconds until the next look while something is in flight; a quiet job is looked at less often.
+# Watch events (the RTJ, its children, its pods, their nodes) wake a job earlier.
+BUSY_SECONDS = 2.0
+IDLE_SECONDS = 60.0
 TERMINAL = ("Succeeded", "Failed")
+# Conditions of waits on the platform (reconcile.report_waits).
+WAITING_FOR_FENCING = "WaitingForFencing"
+WAITING_FOR_POD_TERMINATION = "WaitingForPodTermination"
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
-# Client errors of a create or dry run that mean the spec produces an object the server rejects:
-# validation (400, 422), or an admission webhook or policy that denied it (403 "denied"). Other 403s
-# (RBAC, a namespace being deleted) are not the spec's fault.
-REJECTED = (400, 422)
 
-# An optional pre-flight check of the storage (see fsx.py): returns (ok, reason, message).
-StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
-# Node lookup: the operator serves nodes from its watch; tests and tools may GET them.
-NodeSource = Callable[[str], dict[str, Any] | None]
+
+@dataclass(frozen=True)
+class Requeue:
+    """When to run the next pass: `act` (at once, urgently: a decision waits to be carried out) or
+    after `seconds`. `waiting`: the job waits on something a watch event will announce (pods being
+    scheduled or started, a gang being replaced), so the runtime may stretch the wait while passes
+    change nothing."""
+
+    seconds: float = IDLE_SECONDS
+    act: bool = False
+    waiting: bool = False
+    # A grace period or timeout ends then: never looked at later than this, however quiet the job.
+    deadline: float | None = None
 
 
 @dataclass
@@ -59,584 +84,428 @@ class Event:
 
 
 @dataclass
-class Outcome:
-    status: dict[str, Any]
+class Intent:
+    status: Status
+    actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    requeue: float = IDLE_REQUEUE
+    requeue: Requeue = field(default_factory=Requeue)
     # Metric updates, applied by the caller once the status write succeeded (never twice per count).
     metrics: list[Callable[[], None]] = field(default_factory=list)
 
 
-class ChildConflict(Exception):
-    """An object with a child's name exists and this RTJ does not own it."""
+@dataclass(frozen=True)
+class Config:
+    # RTJ_ALLOWED_SERVICE_ACCOUNTS (spec.allowed_service_accounts_from_env); None: any.
+    allowed_service_accounts: frozenset[str] | None = None
+    # Which node conditions and labels mean a Ready node cannot train (--unhealthy-node-condition/-label).
+    node_health: health.NodeHealth = health.DEFAULT
 
 
-def owned_by(obj: dict[str, Any], uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+# Node exclusions (restartBudget.nodeExclusionSeconds): at most this many at once (the oldest go first),
+# and a node is excluded once this many failures charged to the job happened on it.
+MAX_EXCLUDED = 16
+REPEATED_FAILURES = 2
+MAX_NODE_FAILURES = 64
+HOSTNAME_FIELD = "metadata.name"
 
 
-class _Pass:
-    """State of one pass; methods are the steps of `reconcile()`."""
+class Draft:
+    """The pass being computed: the new status, actions, events, and when to look again."""
 
-    def __init__(self, kube: Kube, body: dict[str, Any], now: datetime.datetime, nodes: NodeSource | None,
-                 allowed_service_accounts: frozenset[str] | None):
-        self.kube, self.body, self.now = kube, body, now
-        self.rtj = RTJ.from_body(body)
-        self.old = body.get("status") or {}
-        self.status: dict[str, Any] = copy.deepcopy(self.old)
-        self.status.pop("kopf", None)  # kopf's own bookkeeping is not ours to write
+    def __init__(self, world: World, now: datetime.datetime, config: Config | None = None):
+        self.world, self.now = world, now
+        self.config = config or Config()
+        self.rtj = RTJ.from_body(world.rtj)
+        self.old = world.rtj.get("status") or {}
+        self.status = Status.from_dict(self.old)
+        self.actions: list[Action] = []
         self.events: list[Event] = []
         self.metrics: list[Callable[[], None]] = []
-        self.requeue: float | None = None
-        self.busy = False
-        self.acted = False  # a decision was recorded that the next pass carries out
-        self.get_node = nodes or (lambda name: self.kube.get("Node", name))
-        self.allowed_service_accounts = allowed_service_accounts
+        self.recheck: float | None = None
+        self.busy = False  # something is in flight: look again soon
+        self.act = False  # a decision was recorded that the next pass carries out
+        # A pod of the gang finds no node (WaitingForCapacity, not a standby's): the gang cannot form.
+        self.short_of_capacity = False
         budget = self.rtj.spec["restartBudget"]
-        self.timing = recovery.Timing(
+        self.timing = ladder.Timing(
             node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 30)),
             terminating_timeout=datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
 
-    # --- helpers -----------------------------------------------------------------------------
-    def event(self, type_: str, reason: str, message: str, done: bool = False) -> None:
-        self.events.append(Event(type_, reason, message, done))
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
 
     def cond(self, type_: str, status: bool, reason: str, message: str = "") -> None:
-        self.status["conditions"] = conditions.set_condition(
-            self.status.get("conditions") or [], type_, status, reason, message, self.rtj.generation, self.now)
+        self.status.conditions = conditions.set_condition(self.status.conditions, type_, status, reason, message,
+                                                          self.rtj.generation, self.now)
 
-    def recovery_state(self) -> dict[str, Any]:
-        return self.status.setdefault("recovery", {})
-
-    def wait(self, seconds: float) -> None:
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
-
-    def create(self, obj: dict[str, Any], adopt: bool = True) -> bool:
-        """Create a child; False when the server rejects what the spec produced (InvalidSpec set)."""
-        if adopt:
-            # The owner is explicit: reconcile also runs outside kopf handlers (demo, bench).
-            kopf.adopt(obj, owner=self.rtj.owner)
-        try:
-            self.kube.create(obj)
-        except KubeError as exc:
-            if exc.status == 409:  # a previous pass (or a crash right after it) was faster: fine
-                return True
-            if _rejected(exc):
-                self.rejected(obj, str(exc))
-                return False
-            raise
-        self.event("Normal", "Created", f"Created {obj['kind']} {obj['metadata']['name']}", done=True)
-        return True
-
-    def rejected(self, obj: dict[str, Any], message: str) -> None:
-        text = f"the API server rejects the {obj['kind']} this spec produces: {message}"
-        if not self._cond_is(INVALID_SPEC, "ChildRejected", text):
-            self.event("Warning", "InvalidSpec", text)
-        self.cond(INVALID_SPEC, True, "ChildRejected", text)
-
-    def _cond_is(self, type_: str, reason: str, message: str | None = None) -> bool:
+    def was(self, type_: str, reason: str, message: str | None = None) -> bool:
+        """Whether the last written status had this condition True with this reason (and message)."""
         old = conditions.get_condition(self.old.get("conditions") or [], type_)
         return bool(old and old.get("status") == "True" and old.get("reason") == reason
                     and (message is None or old.get("message") == message))
 
-    # --- steps -------------------------------------------------------------------------------
-    def run(self, storage_check: StorageCheck | None) -> Outcome:
+    def wait(self, seconds: float) -> None:
+        self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
+
+    def do(self, action: Action) -> None:
+        self.actions.append(action)
+        self.busy = True
+
+    def intent(self, requeue: float | None = None) -> Intent:
+        self.status.observed_generation = self.rtj.generation
+        phase = self.status.phase or "Pending"
         rtj = self.rtj
-        self.status.setdefault("attempt", 1)
-        for key in ("restarts", "jobRestarts", "disruptions", "restartsWithoutProgress"):
-            self.status.setdefault(key, 0)
-        self.status.setdefault("restartsByTier", dict.fromkeys(recovery.TIERS, 0))
-        self.status["nodesDesired"] = rtj.nodes
+        self.metrics.append(lambda p=phase: metrics.record_phase(rtj.namespace, rtj.name, p))
+        seconds = requeue if requeue is not None else BUSY_SECONDS if self.busy else IDLE_SECONDS
+        if self.recheck is not None:
+            seconds = min(seconds, self.recheck)
+        return Intent(self.status, self.actions, self.events,
+                      Requeue(seconds, act=self.act, waiting=self.busy and not self.act, deadline=self.recheck),
+                      self.metrics)
 
-        if self.old.get("phase") in TERMINAL:
-            return self.finish_terminal()
 
-        errors = semantic_errors(rtj, self.allowed_service_accounts)
-        try:
-            service, job, pvc = self.read_children()
-        except ChildConflict as exc:
-            return self.conflict(str(exc))
-        if errors:
-            # Nothing is created or changed; whatever already runs keeps running.
-            message = "; ".join(errors)
-            if self.old.get("observedGeneration") != rtj.generation or not self._cond_is(INVALID_SPEC, "InvalidSpec"):
-                self.event("Warning", "InvalidSpec", message)
-            self.cond(INVALID_SPEC, True, "InvalidSpec", message)
-            return self.without_changes(job)
-        self.cond(INVALID_SPEC, False, "Valid", "")
+def reconcile(world: World, now: datetime.datetime | None = None, config: Config | None = None) -> Intent:
+    """Converge one RTJ's children and compute its new status (see the module doc)."""
+    d = Draft(world, now or datetime.datetime.now(datetime.UTC), config)
+    rtj, status = d.rtj, d.status
+    status.nodes_desired = rtj.nodes
+    if d.old.get("phase") in TERMINAL:
+        return terminal(d)
+    errors = semantic_errors(rtj, d.config.allowed_service_accounts)
+    conflict = child_conflict(world, rtj)
+    if conflict:
+        return conflicted(d, conflict)
+    if errors:
+        # Nothing is created or changed; whatever already runs keeps running.
+        message = "; ".join(errors)
+        if d.old.get("observedGeneration") != rtj.generation or not d.was(INVALID_SPEC, "InvalidSpec"):
+            d.event("Warning", "InvalidSpec", message)
+        d.cond(INVALID_SPEC, True, "InvalidSpec", message)
+        return without_changes(d)
+    d.cond(INVALID_SPEC, False, "Valid", "")
+    if world.storage is not None and world.job is None:
+        ok, reason, message = world.storage
+        d.cond(conditions.STORAGE_READY, ok, reason, message)
+        if not ok:
+            previous = conditions.get_condition(d.old.get("conditions") or [], conditions.STORAGE_READY)
+            if (previous or {}).get("reason") != reason:
+                d.event("Warning", reason, message)
+            status.phase = "Pending"
+            d.cond(CREATED, False, reason, "waiting for storage: " + message)
+            return d.intent(requeue=IDLE_SECONDS)
+    ensure_service(d)
+    ensure_pvc(d)
+    if template_rejected(d):
+        return without_changes(d)
+    ensure_coordinator(d)
+    ensure_job(d)
+    ensure_queue(d)
+    observe(d, converge=True)
+    return d.intent()
 
-        if storage_check is not None and job is None:
-            ok, reason, message = storage_check(rtj)
-            self.cond(conditions.STORAGE_READY, ok, reason, message)
-            if not ok:
-                previous = conditions.get_condition(self.old.get("conditions") or [], conditions.STORAGE_READY)
-                if (previous or {}).get("reason") != reason:
-                    self.event("Warning", reason, message)
-                self.status["phase"] = "Pending"
-                self.cond(CREATED, False, reason, "waiting for storage: " + message)
-                return self.outcome(requeue=IDLE_REQUEUE)
 
-        if not self.ensure_service(service) or not self.ensure_pvc(pvc):
-            return self.without_changes(job)
-        job = self.ensure_job(job)
-        if conditions.is_true(self.status.get("conditions") or [], INVALID_SPEC):
-            return self.without_changes(job)
-        self.observe(job, converge=True)
-        return self.outcome()
+# --- children --------------------------------------------------------------------------------------
+def child_conflict(world: World, rtj: RTJ) -> str:
+    """A message if an object holding a child's name is not ours (an unowned, unlabelled one shows up
+    only when a create meets it: see settle)."""
+    for kind, obj in (("Service", world.service), ("Job", world.job)):
+        if obj is not None and not owned_by(obj, rtj.uid):
+            return (f"{kind} {rtj.namespace}/{obj['metadata']['name']} already exists and is not owned by this "
+                    f"ResilientTrainingJob: rename the job or remove that {kind}")
+    if world.pvc is not None and not (owned_by(world.pvc, rtj.uid) or retained_by_us(world.pvc, rtj)):
+        return (f"PersistentVolumeClaim {rtj.namespace}/{pvc_name(rtj)} already exists and was not made for this "
+                "job: rename the job, remove the claim, or name it in spec.storage.existingClaim to use it on purpose")
+    return ""
 
-    def without_changes(self, job: dict[str, Any] | None) -> Outcome:
-        """The spec cannot be applied: report what runs (if anything) and change nothing."""
-        if job is None:
-            self.status["phase"] = "Invalid"
-            self.cond(CREATED, False, "InvalidSpec", "nothing was created: fix the spec")
-            return self.outcome()
-        self.observe(job, converge=False)
-        return self.outcome()
 
-    def read_children(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
-        """The Service, Job and PVC, if they exist; ChildConflict if one exists that is not ours."""
-        rtj, uid = self.rtj, self.rtj.uid
-        service = self.kube.get("Service", service_name(rtj), rtj.namespace)
-        job = self.kube.get("Job", job_name(rtj), rtj.namespace)
-        pvc = None
-        for kind, obj in (("Service", service), ("Job", job)):
-            if obj is not None and not owned_by(obj, uid):
-                raise ChildConflict(f"{kind} {rtj.namespace}/{obj['metadata']['name']} already exists and is not "
-                                    f"owned by this ResilientTrainingJob: rename the job or remove that {kind}")
-        if build_pvc(rtj) is not None:
-            pvc = self.kube.get("PersistentVolumeClaim", pvc_name(rtj), rtj.namespace)
-            if pvc is not None and not (owned_by(pvc, uid) or self.retained_by_us(pvc)):
-                raise ChildConflict(f"PersistentVolumeClaim {rtj.namespace}/{pvc_name(rtj)} already exists and was "
-                                    "not made for this job: rename the job, remove the claim, or name it in "
-                                    "spec.storage.existingClaim to use it on purpose")
-        return service, job, pvc
+def retained_by_us(pvc: dict[str, Any], rtj: RTJ) -> bool:
+    """A claim kept (retention: Retain) from an earlier RTJ of this name: reused on purpose, so a
+    re-created job resumes from its checkpoints. It has no owner, and our labels."""
+    labels = pvc["metadata"].get("labels") or {}
+    return (not pvc["metadata"].get("ownerReferences") and labels.get(api.LABEL_MANAGED_BY) == api.MANAGER
+            and labels.get(api.LABEL_NAME) == rtj.name)
 
-    def retained_by_us(self, pvc: dict[str, Any]) -> bool:
-        """A claim kept (retention: Retain) from an earlier RTJ of this name: reused on purpose, so a
-        re-created job resumes from its checkpoints. It has no owner, and our labels."""
-        labels = pvc["metadata"].get("labels") or {}
-        return (not pvc["metadata"].get("ownerReferences") and labels.get(api.LABEL_MANAGED_BY) == api.MANAGER
-                and labels.get(api.LABEL_NAME) == self.rtj.name)
 
-    def conflict(self, message: str) -> Outcome:
-        if not self._cond_is(CREATED, "ChildConflict") and not (
-                (conditions.get_condition(self.old.get("conditions") or [], CREATED) or {}).get("reason")
-                == "ChildConflict"):
-            self.event("Warning", "ChildConflict", message)
-        self.cond(CREATED, False, "ChildConflict", message)
-        self.status["phase"] = "Pending"
-        self.cond(RUNNING, False, "ChildConflict", "nothing is created or changed until the conflict is resolved")
-        return self.outcome(requeue=IDLE_REQUEUE)
+def conflicted(d: Draft, message: str) -> Intent:
+    was = conditions.get_condition(d.old.get("conditions") or [], CREATED) or {}
+    if was.get("reason") != "ChildConflict":
+        d.event("Warning", "ChildConflict", message)
+    d.cond(CREATED, False, "ChildConflict", message)
+    d.status.phase = "Pending"
+    d.cond(RUNNING, False, "ChildConflict", "nothing is created or changed until the conflict is resolved")
+    return d.intent(requeue=IDLE_SECONDS)
 
-    def ensure_service(self, have: dict[str, Any] | None) -> bool:
-        desired = build_service(self.rtj)
-        if have is None:
-            return self.create(desired)
-        drift = {k: v for k, v in desired["spec"].items() if k in SERVICE_FIELDS and have["spec"].get(k) != v}
-        if drift:
-            try:
-                self.kube.patch("Service", service_name(self.rtj), self.rtj.namespace, {"spec": drift})
-            except KubeError as exc:
-                if _rejected(exc):
-                    self.rejected(desired, str(exc))
-                    return False
-                raise
-            self.event("Normal", "Updated", f"Updated Service {service_name(self.rtj)}: "
-                                            f"{', '.join(sorted(drift))}", done=True)
-        return True
 
-    def ensure_pvc(self, have: dict[str, Any] | None) -> bool:
-        desired = build_pvc(self.rtj)
-        if desired is None or have is not None:
-            return True
-        # Retain: no owner reference, so deleting the job keeps the checkpoints.
-        return self.create(desired, adopt=self.rtj.spec["storage"]["retention"] == "Delete")
+def without_changes(d: Draft) -> Intent:
+    """The spec cannot be applied: report what runs (if anything) and change nothing."""
+    if d.world.job is None:
+        d.status.phase = "Invalid"
+        d.cond(CREATED, False, "InvalidSpec", "nothing was created: fix the spec")
+        return d.intent()
+    observe(d, converge=False)
+    return d.intent()
 
-    def ensure_job(self, job: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Converge the Job to status.attempt: the gang that should run now."""
-        rtj, attempt = self.rtj, int(self.status["attempt"])
-        recov = self.recovery_state()
-        if job is not None and job["metadata"].get("deletionTimestamp"):
-            self.busy = True  # the old gang is still going away (Foreground: its pods first)
-            return job
-        if job is not None and job_attempt(job) < attempt:
-            # status already says which gang runs next (written before this delete, see the module doc).
-            self.kube.delete("Job", job_name(rtj), rtj.namespace, propagation="Foreground")
-            why = recov.get("pendingGangRestart") or "restart"
-            self.event("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) for "
-                                                  f"attempt {attempt}: {why}", done=True)
-            self.busy = True
-            return None
-        desired = build_job(rtj, attempt)
-        if job is None:
-            if not self.create(desired):
-                return None
-            recov.pop("pendingGangRestart", None)
-            self.busy = True
-            self.status.setdefault("startTime", timestamp(self.now))
-            return desired
-        if (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_SPEC_HASH) != template_hash(desired):
-            # The pod template changed: the user's decision, a new gang with no budget charged. Check first
-            # that the server takes the new Job; a rejected edit must not take down the running one.
-            if not self.server_accepts(desired):
-                return job
-            self.next_attempt("SpecChanged", f"the pod template changed (generation {rtj.generation})")
-            return job
-        recov.pop("pendingGangRestart", None)
-        patch: dict[str, Any] = {}
-        if bool(job["spec"].get("suspend")) != bool(rtj.spec["suspend"]):
-            patch["suspend"] = bool(rtj.spec["suspend"])
-            self.event("Normal", "Suspended" if rtj.spec["suspend"] else "Resumed",
-                       f"Job {job_name(rtj)} {'suspended' if rtj.spec['suspend'] else 'resumed'}", done=True)
-        if job["spec"].get("backoffLimit") != desired["spec"]["backoffLimit"]:
-            patch["backoffLimit"] = desired["spec"]["backoffLimit"]  # a budget edit keeps the gang
-        if patch:
-            self.kube.patch("Job", job_name(rtj), rtj.namespace, {"spec": patch})
-            job["spec"].update(patch)
-        return job
 
-    def server_accepts(self, obj: dict[str, Any]) -> bool:
-        """Server-side dry-run create: validation runs before the name clash, so 409 means valid."""
-        candidate = copy.deepcopy(obj)
-        kopf.adopt(candidate, owner=self.rtj.owner)
-        try:
-            self.kube.create(candidate, dry_run=True)
-        except KubeError as exc:
-            if exc.status == 409:
-                return True
-            if _rejected(exc):
-                self.rejected(obj, str(exc))
-                return False
-            raise
-        return True
+def _create(d: Draft, obj: dict[str, Any], adopt: bool = True, retained: dict[str, str] | None = None) -> None:
+    if adopt:
+        kopf.adopt(obj, owner=d.rtj.owner)
+    meta = obj["metadata"]
+    d.do(Action(CREATE, obj["kind"], meta["name"], meta["namespace"], obj, gates=True, owner_uid=d.rtj.uid,
+                retained_labels=retained or {},
+                event=("Normal", "Created", f"Created {obj['kind']} {meta['name']}")))
 
-    def next_attempt(self, reason: str, message: str) -> None:
-        """Record that the gang restarts as the next attempt; the next pass replaces the Job."""
-        recov = self.recovery_state()
-        attempt = int(self.status["attempt"]) + 1
-        self.status["attempt"] = attempt
-        recov["pendingGangRestart"] = reason
-        recov["gangRestartTime"] = timestamp(self.now)
-        self.event("Warning" if reason != "SpecChanged" else "Normal", "RecreatingGang",
-                   f"Recreating all {self.rtj.nodes} pods as attempt {attempt}: {message}")
-        self.acted = True
 
-    def observe(self, job: dict[str, Any] | None, converge: bool) -> None:
-        """Read pods and nodes, run the recovery ladder, and derive phase and conditions."""
-        rtj, status = self.rtj, self.status
-        pods = self.job_pods(job)
-        nodes = {name: self.get_node(name) for name in
-                 sorted({p.get("spec", {}).get("nodeName") for p in pods} - {None, ""})}
+def ensure_service(d: Draft) -> None:
+    desired, have = build_service(d.rtj), d.world.service
+    if have is None:
+        _create(d, desired)
+        return
+    drift = {k: v for k, v in desired["spec"].items() if k in SERVICE_FIELDS and have["spec"].get(k) != v}
+    if drift:
+        d.do(Action(PATCH, "Service", service_name(d.rtj), d.rtj.namespace, {"spec": drift}, gates=True,
+                    event=("Normal", "Updated", f"Updated Service {service_name(d.rtj)}: {', '.join(sorted(drift))}")))
 
-        step = recovery.checkpoint_step(pods)
-        if step is not None and step > int(status.get("lastCheckpointStep", -1)):
-            status["lastCheckpointStep"] = step
-            status["lastCheckpointTime"] = timestamp(self.now)
-        last_ckpt = parse_time(status.get("lastCheckpointTime"))
-        self.metrics.append(lambda: metrics.record_checkpoint(rtj.namespace, rtj.name, last_ckpt, self.now))
 
-        recov = self.recovery_state()
-        seen = set(recov.get("seenPods") or [])
-        plan = recovery.plan(pods, nodes, seen, self.now, self.timing)
-        if plan.recheck is not None:
-            self.wait(max(0.5, plan.recheck))
-        # A Job being deleted (a gang restart, or by hand) takes its pods along: not failures to charge.
-        if converge and job is not None and job_attempt(job) == int(status["attempt"]) and not job[
-                "metadata"].get("deletionTimestamp"):
-            # Act only on what an earlier pass already charged: the charge is in status first.
-            self.act([a for a in plan.actions if a.uid in seen], pods)
-            self.charge(plan, seen)
-            self.judge_job(job, pods)
-        elif converge and job is not None and job["metadata"].get("deletionTimestamp"):
-            # The old gang is gone (Foreground) only once its pods are; a pod on a lost node never
-            # confirms its deletion: fail and delete it as PodGC would, or the next gang waits for ever.
-            self.act([a for a in plan.actions if a.action == recovery.FORCE], pods)
-        # Only pods still listed can turn up again, so the charged set is bounded by the pods themselves.
-        listed = {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}
-        recov["seenPods"] = sorted(seen & listed)
+def ensure_pvc(d: Draft) -> None:
+    desired = build_pvc(d.rtj)
+    if desired is None or d.world.pvc is not None:
+        return
+    # Retain: no owner reference, so deleting the job keeps the checkpoints.
+    retain = d.rtj.spec["storage"]["retention"] != "Delete"
+    _create(d, desired, adopt=not retain,
+            retained={api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_NAME: d.rtj.name} if retain else None)
 
-        troubled = {f.pod for f in plan.findings} | {a.pod for a in plan.actions}
-        self.derive_phase(job, [p for p in pods if p["metadata"]["name"] not in troubled])
 
-    def job_pods(self, job: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Pods of the current Job: the labels select, the owner reference decides. A pod that only
-        carries our labels (made by anyone who may create pods here) is not ours to count."""
-        if job is None or "uid" not in job.get("metadata", {}):
-            return []
-        uid = job["metadata"]["uid"]
-        return [p for p in self.kube.list("Pod", self.rtj.namespace, selector_labels(self.rtj)) if owned_by(p, uid)]
+def template_rejected(d: Draft) -> bool:
+    """The pod template changed and the server rejects the new Job (the dry run in World.probe):
+    the running gang keeps running."""
+    verdict = d.world.template
+    if verdict is None or verdict[0]:
+        return False
+    rejected(d, "Job", verdict[1])
+    return True
 
-    def act(self, actions: list[recovery.Finding], pods: list[dict[str, Any]]) -> None:
-        ns = self.rtj.namespace
-        by_name = {p["metadata"]["name"]: p for p in pods}
-        for action in actions:
-            pod = by_name[action.pod]
-            if action.action == recovery.EVICT:
-                if self.kube.evict(action.pod, ns):
-                    self.event("Warning", "EvictingPod", f"Evicting pod {action.pod}: {action.message}; the Job "
-                                                         "controller replaces it on a healthy node", done=True)
-            elif action.action == recovery.FORCE:
-                if pod.get("status", {}).get("phase") != "Failed":
-                    # As PodGC does: the pod is Failed (and a disruption) before it is deleted, so the Job
-                    # controller frees its index without charging backoffLimit.
-                    self.kube.patch("Pod", action.pod, ns, {"status": {"phase": "Failed", "conditions": [{
-                        "type": "DisruptionTarget", "status": "True", "reason": recovery.FORCE_REASON,
-                        "message": f"rtj-operator: {action.message}",
-                        "lastTransitionTime": timestamp(self.now)}]}}, subresource="status", strategic=True)
-                    self.event("Warning", "ForceDeletedPod", f"Failed and deleted pod {action.pod}: {action.message}",
-                               done=True)
-                self.kube.delete("Pod", action.pod, ns, grace_seconds=0)
-            self.busy = True
 
-    def charge(self, plan: recovery.Plan, seen: set[str]) -> None:
-        """Count each new finding once against the right budget and decide the next tier.
+def rejected(d: Draft, kind: str, message: str) -> None:
+    text = f"the API server rejects the {kind} this spec produces: {message}"
+    if not d.was(INVALID_SPEC, "ChildRejected", text):
+        d.event("Warning", "InvalidSpec", text)
+    d.cond(INVALID_SPEC, True, "ChildRejected", text)
 
-        One fault, one charge. Node 0 hosts the rendezvous store, so when its node is lost (or its pod
-        fails) the other pods' launchers exit too, and their workers say so (RendezvousHostLost, a
-        PEER finding), usually before the control plane has marked the node NotReady. Per attempt,
-        until the gang has recovered, a PEER failure is charged as the disruption of a peer's lost
-        node if there is one (that node's own finding is then not charged again); else it is the
-        consequence of a failure already charged, and not charged; else it waits up to
-        PEER_ATTRIBUTION_SECONDS for its cause to show, and is then charged to the job. Each charged
-        fault excuses one PEER failure, so a job that keeps failing still ends Failed."""
-        recov, attempt = self.recovery_state(), int(self.status["attempt"])
-        loss = recov.pop("charged", None) or {}
-        if loss.get("attempt") != attempt or not self.status.get("restartStartedTime"):
-            loss = {"attempt": attempt, "nodes": [], "excusable": 0}  # none being recovered
-        gang = False
-        # Platform findings first and PEER findings last: the cause may be seen in the same pass.
-        order = {recovery.PLATFORM: 0, recovery.PEER: 2}
-        for f in sorted(plan.findings, key=lambda f: order.get(f.kind, 1)):
-            seen.add(f.uid)
-            self.acted = self.acted or bool(f.action)
-            if f.kind == recovery.PERMANENT:
-                continue
-            if f.kind == recovery.RENDEZVOUS:
-                if gang:
-                    continue  # every pod of the gang reports the same failed rendezvous: one charge
-                gang = True
-            tier = recovery.GANG_RESTART if f.kind == recovery.RENDEZVOUS else recovery.REPLACE_POD
-            if f.lost_node in loss["nodes"]:
-                continue  # charged already, through the failure of a pod of its gang
-            if f.kind == recovery.PEER:
-                if peers := [n for n in sorted(plan.lost_nodes) if n not in loss["nodes"]]:
-                    loss["nodes"].append(peers[0])
-                    self.record_restart(tier, f.reason, f"{f.message} (node {peers[0]} of its gang is lost: "
-                                        f"{plan.lost_nodes[peers[0]]})", platform=True)
-                    continue
-                if loss["excusable"]:
-                    loss["excusable"] -= 1
-                    cause = self.status.get("lastFailureReason")
-                    self.event("Warning", "NotCharged", f"{f.reason}: {f.message}; a consequence of the fault "
-                                                        f"being recovered ({cause})")
-                    continue
-                if f.age < recovery.PEER_ATTRIBUTION_SECONDS:
-                    seen.discard(f.uid)  # looked at again until its cause shows or the wait is over
-                    self.wait(max(0.5, recovery.PEER_ATTRIBUTION_SECONDS - f.age))
-                    continue
-            self.record_restart(tier, f.reason, f.message, platform=f.kind == recovery.PLATFORM)
-            if f.lost_node:
-                loss["nodes"].append(f.lost_node)
-            loss["excusable"] += 1
-        if loss["nodes"] or loss["excusable"]:
-            recov["charged"] = loss
-        if plan.fail_reason:
-            self.fail(plan.fail_reason, plan.fail_message)
+
+def ensure_job(d: Draft) -> None:
+    """Converge the Job to status.attempt: the gang that should run now."""
+    rtj, job, status = d.rtj, d.world.job, d.status
+    ledger = status.recovery
+    if job is not None and job["metadata"].get("deletionTimestamp"):
+        d.busy = True  # the old gang is still going away (Foreground: its pods first)
+        return
+    if job is not None and job_attempt(job) < status.attempt:
+        # Status already says which gang runs next (written before this delete, see the module doc).
+        why = ledger.pending_gang_restart or "restart"
+        d.do(Action(DELETE, "Job", job_name(rtj), rtj.namespace, propagation="Foreground",
+                    uid=job["metadata"].get("uid", ""),
+                    event=("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) "
+                                                      f"for attempt {status.attempt}: {why}")))
+        return
+    desired = build_job(rtj, status.attempt)
+    if job is None:
+        coordinator = d.world.coordinator
+        if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp") or int(
+                (coordinator["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0) < status.attempt):
+            d.busy = True  # the old gang's coordinator still answers its name: the new pods would find it
             return
-        if self.enforce_budgets():
-            return
-        if plan.gang_restart:
-            # Pods of this attempt only: once the attempt moves on, the old gang's exits are not listed.
-            self.next_attempt("RendezvousFailed", "a pod could not complete the rendezvous")
-
-    def record_restart(self, tier: str, reason: str, message: str, platform: bool) -> None:
-        """Bookkeeping of one restart: counters, progress, condition, metric and event."""
-        status, budget = self.status, self.rtj.spec["restartBudget"]
-        tiers = status["restartsByTier"]
-        tiers[tier] = tiers.get(tier, 0) + 1
-        status["restarts"] = sum(tiers.values())
-        status["lastFailureReason"], status["lastFailureMessage"] = reason, message
-        status.setdefault("restartStartedTime", timestamp(self.now))
-        self.metrics.append(lambda: metrics.RESTARTS.labels(tier, reason).inc())
-        if platform:
-            status["disruptions"] += 1
-        else:
-            status["jobRestarts"] += 1
-            self.track_progress()
-        self.cond(RESTARTING, True, tier, message)
-        self.event("Warning", tier, f"{reason}: {message} (restart {status['restarts']}, "
-                                    f"job failures {status['jobRestarts']}/{budget['maxRestarts']}, "
-                                    f"disruptions {status['disruptions']}/{budget['maxDisruptions']})")
-
-    def enforce_budgets(self) -> bool:
-        status, budget = self.status, self.rtj.spec["restartBudget"]
-        if status["jobRestarts"] > budget["maxRestarts"]:
-            self.fail("RestartBudgetExhausted", f"{status['jobRestarts']} job failures exceed "
-                      f"restartBudget.maxRestarts={budget['maxRestarts']}; last: {status.get('lastFailureMessage')}")
-        elif status["disruptions"] > budget["maxDisruptions"]:
-            self.fail("DisruptionBudgetExhausted", f"{status['disruptions']} platform disruptions exceed "
-                      f"restartBudget.maxDisruptions={budget['maxDisruptions']}")
-        elif status["restartsWithoutProgress"] > budget["maxRestartsWithoutProgress"]:
-            self.fail("NoProgress", f"{status['restartsWithoutProgress']} restarts in a row without the "
-                      f"checkpoint step advancing past {status.get('stepAtLastRestart', 0)}")
-        return status.get("phase") == "Failed"
-
-    def track_progress(self) -> None:
-        status = self.status
-        step = int(status.get("lastCheckpointStep", 0))
-        previous = status.get("stepAtLastRestart")
-        if previous is None or step > int(previous):
-            status["restartsWithoutProgress"] = 1
-        else:
-            status["restartsWithoutProgress"] += 1
-        status["stepAtLastRestart"] = step
-
-    def judge_job(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
-        """The Job's own verdict (FailureTarget comes first, Failed once every pod is gone), and the
-        Job controller's replacement back-off, which a new attempt resets."""
-        if self.status.get("phase") == "Failed" or self.recovery_state().get("pendingGangRestart"):
-            return
-        job_conds = (job.get("status") or {}).get("conditions") or []
-        failed = next((c for c in job_conds if c.get("type") in ("FailureTarget", "Failed")
-                       and c.get("status") == "True"), None)
-        if failed:
-            if failed.get("reason") == "PodFailurePolicy":
-                self.fail("PermanentFailure", failed.get("message") or "a pod failed with a permanent exit code")
-                return
-            # The Job gave up on its own (e.g. its deadline); a new gang may still succeed.
-            reason = failed.get("reason") or "JobFailed"
-            self.record_restart(recovery.GANG_RESTART, reason, failed.get("message") or "the Job failed",
-                                platform=False)
-            if not self.enforce_budgets():
-                self.next_attempt(reason, failed.get("message") or "the Job failed")
-            return
-        self.replacement_backoff(job, pods)
-
-    def replacement_backoff(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
-        failed = sum(1 for p in pods if p.get("status", {}).get("phase") == "Failed")
-        active = sum(1 for p in pods if p.get("status", {}).get("phase") in ("Pending", "Running")
-                     and not p["metadata"].get("deletionTimestamp"))
-        recov = self.recovery_state()
-        if not failed or active >= int(job["spec"].get("parallelism", self.rtj.nodes)):
-            recov.pop("replacementBackoffSeconds", None)
-            return
-        delay = recovery.replacement_backoff(failed)
-        if recov.get("replacementBackoffSeconds") != delay:
-            recov["replacementBackoffSeconds"] = delay
-            self.event("Normal", "ReplacementBackoff", f"The Job controller delays the replacement pod by about "
-                                                       f"{delay:.0f}s ({failed} failed pods in this Job)")
-        limit = self.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] / 2
-        if delay > limit:
-            # The surviving ranks would give up on the rendezvous first: a new Job starts without back-off.
-            self.next_attempt("ReplacementBackoff", f"the Job controller would delay the replacement by "
-                                                    f"{delay:.0f}s, beyond half the rendezvous timeout")
-
-    def fail(self, reason: str, message: str) -> None:
-        if self.status.get("phase") == "Failed":
-            return
-        self.status["phase"] = "Failed"
-        self.status["completionTime"] = timestamp(self.now)
-        self.status["lastFailureReason"], self.status["lastFailureMessage"] = reason, message
-        self.cond(FAILED, True, reason, message)
-        self.cond(RESTARTING, False, reason, "no further restarts")
-        self.event("Warning", "Failed", f"{reason}: {message}")
-        self.acted = True  # the next pass (terminal) suspends the Job
-
-    def stop_job(self) -> None:
-        """Suspending keeps the Job for inspection while its pods go away."""
-        job = self.kube.get("Job", job_name(self.rtj), self.rtj.namespace)
-        if job is not None and owned_by(job, self.rtj.uid) and not job["spec"].get("suspend"):
-            self.kube.patch("Job", job_name(self.rtj), self.rtj.namespace, {"spec": {"suspend": True}})
-
-    def derive_phase(self, job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> None:
-        status, rtj = self.status, self.rtj
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        ready = [p for p in live if p.get("status", {}).get("phase") == "Running" and _ready(p)]
-        status["nodesReady"] = len(ready)
-        # What runs is what counts: after an invalid edit, the Job still has its old shape.
-        desired = int(job["spec"]["completions"]) if job and "completions" in job.get("spec", {}) else rtj.nodes
-        status["nodesDesired"] = desired
-        job_conds = ((job or {}).get("status") or {}).get("conditions") or []
-        complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
-                       for c in job_conds)
-        self.cond(CREATED, job is not None or bool(status.get("startTime")), "ChildrenCreated",
-                  f"Service {service_name(rtj)}, Job {job_name(rtj)} and PVC {pvc_name(rtj)}")
-        self.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",
-                  "spec.suspend is true" if rtj.spec["suspend"] else "")
-
-        if status.get("phase") == "Failed":
-            self.cond(RUNNING, False, status.get("lastFailureReason", "Failed"), "the job failed")
-            self.cond(SUCCEEDED, False, "Failed", "")
-            return
-        self.cond(FAILED, False, "NotFailed", "")
-        current = job is not None and job_attempt(job) == int(status["attempt"]) and not job["metadata"].get(
-            "deletionTimestamp")
-        if complete and current:
-            status["phase"] = "Succeeded"
-            status["completionTime"] = status.get("completionTime") or timestamp(self.now)
-            self.cond(SUCCEEDED, True, "JobComplete", f"all {desired} nodes completed")
-            self.cond(RUNNING, False, "Completed", "")
-            self.cond(RESTARTING, False, "Completed", "")
-            status.pop("restartStartedTime", None)
-            if self.old.get("phase") != "Succeeded":
-                self.event("Normal", "Succeeded", f"Training finished at checkpoint step "
-                                                  f"{status.get('lastCheckpointStep', 'unknown')}")
-            return
-        self.cond(SUCCEEDED, False, "NotCompleted", "")
-
-        gang_pending = bool(self.recovery_state().get("pendingGangRestart")) or not current
-        if gang_pending and status.get("startTime"):
-            status.setdefault("restartStartedTime", timestamp(self.now))
-        restarting_since = parse_time(status.get("restartStartedTime"))
-        all_running = current and len(ready) >= desired
-        if restarting_since and all_running and not gang_pending:
-            seconds = round((self.now - restarting_since).total_seconds(), 3)
-            status["lastRecoverySeconds"] = seconds
-            status.pop("restartStartedTime", None)
-            self.recovery_state().pop("charged", None)  # recovered: later failures are new faults
-            restarting_since = None
-            self.metrics.append(lambda: metrics.RECOVERY_SECONDS.observe(seconds))
-            self.event("Normal", "Recovered", f"All {desired} nodes running again after {seconds}s")
-        if rtj.spec["suspend"]:
-            status["phase"] = "Suspended"
-            self.cond(RUNNING, False, "Suspended", "spec.suspend is true")
-        elif restarting_since:
-            status["phase"] = "Restarting"
-            self.busy = True
-            reason = self.recovery_state().get("pendingGangRestart") or "Restarting"
-            self.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready ({reason})")
-        elif all_running:
-            status["phase"] = "Running"
-            self.cond(RUNNING, True, "AllNodesRunning", f"{len(ready)}/{desired} nodes ready")
-        else:
-            status["phase"] = "Pending"
-            self.busy = True
-            self.cond(RUNNING, False, "WaitingForPods", f"{len(ready)}/{desired} nodes ready")
-        if not restarting_since:
-            self.cond(RESTARTING, False, "Stable", "")
-        elif gang_pending and not conditions.is_true(self.status.get("conditions") or [], RESTARTING):
-            self.cond(RESTARTING, True, recovery.GANG_RESTART, self.recovery_state().get("pendingGangRestart") or "")
-        if status["phase"] != self.old.get("phase") and status["phase"] == "Running":
-            self.event("Normal", "Running", f"All {desired} nodes running")
-
-    def finish_terminal(self) -> Outcome:
-        if self.old.get("phase") == "Failed":
-            self.stop_job()  # idempotent: a Failed job never holds GPUs
-        return self.outcome()
-
-    def outcome(self, requeue: float | None = None) -> Outcome:
-        self.status["observedGeneration"] = self.rtj.generation
-        phase = self.status.get("phase", "Pending")
-        self.metrics.append(lambda: metrics.record_phase(self.rtj.namespace, self.rtj.name, phase))
-        if requeue is None:
-            requeue = ACT_REQUEUE if self.acted else BUSY_REQUEUE if self.busy else IDLE_REQUEUE
-        if self.requeue is not None:
-            requeue = min(requeue, self.requeue)
-        return Outcome(self.status, self.events, requeue, self.metrics)
+        # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
+        ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
+        _create(d, desired)
+        return
+    annotations = job["metadata"].get("annotations") or {}
+    have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
+    if have is not None and have != want:
+        # The pod template changed (and the dry run passed): the user's decision, a new gang, no budget
+        # charged.
+        next_attempt(d, "SpecChanged", f"the pod template changed (generation {rtj.generation})")
+        return
+    ledger.pending_gang_restart = ""
+    patch: dict[str, Any] = {}
+    # Suspended by the user, or (recorded in status first) to release its nodes while a pod of it finds none.
+    for_capacity = bool(ledger.suspended_for_capacity) and not rtj.spec["suspend"]
+    suspend = bool(rtj.spec["suspend"]) or for_capacity
+    event = None
+    is_suspended = bool(job["spec"].get("suspend"))
+    # A queue owns Job.spec.suspend (Kueue admits, preempts, re-queues: ensure_queue). Without one, the
+    # operator resumes only a Job it suspended itself: one suspended by someone else (a queue that adds
+    # its own label, a person) is waited for, never fought over (observe reports it).
+    if queued(d):
+        ledger.suspended_job = False
+    elif is_suspended != suspend and (suspend or ledger.suspended_job):
+        patch["spec"] = {"suspend": suspend}
+        ledger.suspended_job = suspend
+        why = " to release its nodes: a pod of it finds no node (WaitingForCapacity)" if for_capacity else ""
+        event = ("Normal", "Suspended" if suspend else "Resumed",
+                 f"Job {job_name(rtj)} {'suspended' if suspend else 'resumed'}{why}")
+    elif is_suspended == suspend:
+        # Suspended as the operator wants it (whoever did it, a crash between the patch and the status write
+        # included): the operator's to resume.
+        ledger.suspended_job = suspend
+    if have is None:
+        # A Job an earlier operator made (a hash of its whole spec): adopted as it runs, so an upgrade
+        # restarts no gang; from now on its template is compared. Its Job-wide backoffLimit (the old
+        # backstop, maxRestarts + 1) would fail it for failures the operator excuses: lifted.
+        patch["metadata"] = {"annotations": {api.ANNOTATION_TEMPLATE_HASH: want}}
+        if job["spec"].get("backoffLimitPerIndex") is None:
+            patch.setdefault("spec", {})["backoffLimit"] = PER_INDEX_LIMIT
+    if patch:
+        d.do(Action(PATCH, "Job", job_name(rtj), rtj.namespace, patch, event=event))
 
 
-def _rejected(exc: KubeError) -> bool:
-    return exc.status in REJECTED or (exc.status == 403 and "denied" in str(exc))
+def next_attempt(d: Draft, reason: str, message: str) -> None:
+    """Record that the gang restarts as the next attempt; the next pass replaces the Job."""
+    status = d.status
+    status.attempt += 1
+    status.recovery.pending_gang_restart = reason
+    status.recovery.gang_restart_time = timestamp(d.now)
+    d.event("Warning" if reason != "SpecChanged" else "Normal", "RecreatingGang",
+            f"Recreating all {d.rtj.nodes} pods as attempt {status.attempt}: {message}")
+    d.act = True
+
+
+def terminal(d: Draft) -> Intent:
+    job = d.world.job
+    # Idempotent: a Failed job never holds GPUs (suspending keeps the Job for inspection). With a queue,
+    # Kueue would un-suspend an admitted Job: its Workload is deactivated instead (Kueue then evicts it,
+    # suspends the Job and releases the quota).
+    if d.old.get("phase") == "Failed" and job is not None and owned_by(job, d.rtj.uid):
+        if queued(d):
+            activate_workload(d, False, "the job failed")
+        elif not job["spec"].get("suspend"):
+            d.actions.append(Action(PATCH, "Job", job_name(d.rtj), d.rtj.namespace, {"spec": {"suspend": True}}))
+    stop_coordinator(d)
+    return d.intent()
+
+
+# --- Kueue --------------------------------------------------------------------------------------------
+def queued(d: Draft) -> bool:
+    """Whether a queue decides when the gang runs: the RTJ names one, or Kueue labelled the Job itself (a
+    namespace's default LocalQueue)."""
+    job_labels = ((d.world.job or {}).get("metadata") or {}).get("labels") or {}
+    return bool(d.rtj.queue_name or job_labels.get(api.KUEUE_QUEUE_LABEL))
+
+
+def _true(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or []
+                 if c.get("type") == type_ and c.get("status") == "True"), None)
+
+
+def ensure_queue(d: Draft) -> None:
+    """With a queue, Kueue owns Job.spec.suspend: it admits the gang when its ClusterQueue has quota for
+    every pod, and evicts it (preemption, a deactivated Workload) by suspending the Job. The operator
+    never un-suspends such a Job; spec.suspend deactivates the Workload (Kueue's own stop), and what
+    Kueue does is reported (Queued, Admitted, status.queue) and never charged (the suspended Job's pod
+    exits are excused in charge())."""
+    job, wl, rtj = d.world.job, d.world.workload, d.rtj
+    if not queued(d) or job is None or not owned_by(job, rtj.uid):
+        if d.status.queue is not None or conditions.get_condition(d.status.conditions, QUEUED):
+            d.status.queue = None
+            d.cond(QUEUED, False, "NotQueued", "")
+            d.cond(ADMITTED, False, "NotQueued", "")
+        return
+    name = (job["metadata"].get("labels") or {}).get(api.KUEUE_QUEUE_LABEL, rtj.queue_name)
+    before = d.old.get("queue") or {}
+    if not d.world.workload_read and before.get("admitted") and not job["spec"].get("suspend"):
+        # A running, admitted gang's Workload is not read each pass (world.read_workload): it stays as
+        # the last read saw it until the Job is suspended again.
+        d.status.queue = {**before, "name": name}
+        d.cond(QUEUED, False, "Admitted", f"admitted by ClusterQueue {before.get('clusterQueue') or '?'}")
+        d.cond(ADMITTED, True, "Admitted", (conditions.get_condition(d.old.get("conditions") or [], ADMITTED)
+                                            or {}).get("message") or "")
+        return
+    admitted = _true(wl, "Admitted")
+    reserved = (wl or {}).get("status", {}).get("admission") or {}
+    d.status.queue = {"name": name, "workload": (wl or {}).get("metadata", {}).get("name", ""),
+                      "admitted": admitted is not None, "clusterQueue": reserved.get("clusterQueue", "")}
+    if wl is not None:
+        activate_workload(d, not rtj.spec["suspend"], "spec.suspend is true" if rtj.spec["suspend"] else
+                          "spec.suspend is false")
+    suspended = bool(job["spec"].get("suspend"))
+    if rtj.spec["suspend"]:
+        d.cond(QUEUED, False, "Suspended", "spec.suspend is true: the Workload is deactivated")
+    elif suspended:
+        reason, message = queue_wait(d, name)
+        if not d.was(QUEUED, reason, message):
+            d.event("Normal", "Queued", message)
+        d.cond(QUEUED, True, reason, message)
+    else:
+        d.cond(QUEUED, False, "Admitted", f"admitted by ClusterQueue {reserved.get('clusterQueue') or '?'}")
+    d.cond(ADMITTED, admitted is not None and not suspended, "Admitted" if admitted else "NotAdmitted",
+           (admitted or {}).get("message") or "")
+
+
+def queue_wait(d: Draft, name: str) -> tuple[str, str]:
+    """Why a queued gang does not run, from its Workload (Kueue's conditions carry the reason)."""
+    wl = d.world.workload
+    if wl is None:
+        why = d.world.workload_error or "Kueue has not made a Workload for it yet"
+        return "WaitingForWorkload", (f"Job {job_name(d.rtj)} is suspended for LocalQueue {name}: {why} (is Kueue "
+                                      "installed, and does it manage batch/job?)")
+    evicted = _true(wl, "Evicted")
+    if evicted is not None:
+        return evicted.get("reason") or "Evicted", f"evicted by Kueue: {evicted.get('message') or ''}".strip()
+    pending = next((c for c in wl.get("status", {}).get("conditions") or [] if c.get("type") == "QuotaReserved"),
+                   None)
+    message = (pending or {}).get("message") or "waiting for quota"
+    return (pending or {}).get("reason") or "Pending", f"waiting in LocalQueue {name} (Workload " \
+                                                       f"{wl['metadata']['name']}): {message}"
+
+
+def activate_workload(d: Draft, active: bool, why: str) -> None:
+    wl = d.world.workload
+    if wl is None or bool((wl.get("spec") or {}).get("active", True)) == active:
+        return
+    meta = wl["metadata"]
+    d.do(Action(PATCH, "Workload", meta["name"], d.rtj.namespace, {"spec": {"active": active}},
+                event=("Normal", "WorkloadActivated" if active else "WorkloadDeactivated",
+                       f"{'Activated' if active else 'Deactivated'} Kueue Workload {meta['name']}: {why}")))
+
+
+def ensure_coordinator(d: Draft) -> None:
+    """The coordinator lives with its gang attempt: created before the Job (whose pods wait for its DNS
+    name), deleted with the gang (a new attempt), while the gang is suspended, and once the job is over.
+    Its loss is charged in observe (ladder.coordinator_finding) as a new gang."""
+    rtj, status, have = d.rtj, d.status, d.world.coordinator
+    job = d.world.job
+    suspended = bool(rtj.spec["suspend"] or status.recovery.suspended_for_capacity
+                     or (job is not None and (job.get("spec") or {}).get("suspend")))
+    if have is not None:
+        attempt = int((have["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
+        if not have["metadata"].get("deletionTimestamp") and (
+                attempt < status.attempt or suspended or not rtj.spec["coordinator"]["enabled"]):
+            stop_coordinator(d)
+        d.busy = d.busy or bool(have["metadata"].get("deletionTimestamp"))
+        return
+    desired = build_coordinator(rtj, status.attempt)
+    # With the gang of this attempt only: a Job still going away is the old gang's. With a queue the Job
+    # is made suspended, so its coordinator waits for Kueue's admission too.
+    this_gang = is_current(job, status.attempt)
+    if desired is not None and not suspended and (this_gang or (job is None and not rtj.queue_name)):
+        _create(d, desired)
+
+
+def stop_coordinator(d: Draft) -> None:
+    """Delete the coordinator on purpose: settled in status first (seen, never charged), so a pass that
+    reads it gone after the Job resumed (Kueue admits again within seconds) does not call it lost."""
+    have = d.world.coordinator
+    if have is not None and not have["metadata"].get("deletionTimestamp"):
+        uid = have["metadata"].get("uid", "")
+        ledger = d.status.recovery
+        ledger.seen_pods = sorted({*ledger.seen_pods, uid} - {""})
+        d.do(Action(DELETE, "Pod", have["metadata"]["name"], d.rtj.namespace, uid=uid))
+
+
+# --- pods and the ladder ---------------------------------------------------------------------------
+def is_current(job: dict[str, Any] | None, attempt: int) -> bool:
+    """The Job is this attempt's gang and not going away."""
+    return job is not None and job_attempt(job) == attempt and not job["metadata"].get("deletionTimestamp")
 
 
 def job_attempt(job: dict[str, Any]) -> int:
@@ -646,17 +515,614 @@ def job_attempt(job: dict[str, Any]) -> int:
         return 1
 
 
+JOB_CONTROLLER = "kubernetes.io/job-controller"
+
+
+def observe(d: Draft, converge: bool) -> None:
+    """Read pods and nodes, run the recovery ladder, and derive phase and conditions."""
+    world, status = d.world, d.status
+    job, pods = world.job, world.pods
+    managed_by = ((job or {}).get("spec") or {}).get("managedBy")
+    if managed_by and managed_by != JOB_CONTROLLER:
+        managed_elsewhere(d, managed_by)
+        return
+
+    step = ladder.checkpoint_step([*pods, *world.departed])
+    if step is not None and step > int(status.last_checkpoint_step if status.last_checkpoint_step is not None
+                                       else -1):
+        status.last_checkpoint_step = step
+        status.last_checkpoint_time = timestamp(d.now)
+    # The pods' own reports (progress.py): in-job recoveries, the newest recovery, a live checkpoint step.
+    found = progress.reports(pods)
+    folded = progress.fold(status, found, {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}, d.now)
+
+    ledger = status.recovery
+    seen = set(ledger.seen_pods)
+    plan = ladder.plan(pods, world.nodes, seen, d.now, d.timing, world.cloud_fencing, world.zones, world.coordinator,
+                       d.config.node_health)
+    if plan.recheck is not None:
+        d.wait(max(0.5, plan.recheck))
+    report_waits(d, plan)
+    current = is_current(job, status.attempt)
+    if converge and current:
+        wait_for_capacity(d, plan)
+    # A Job being deleted (a gang restart, or by hand) takes its pods along: not failures to charge.
+    if converge and current:
+        # Act only on what an earlier pass already charged: the charge is in status first.
+        act_on(d, [a for a in plan.actions if a.uid in seen])
+        charge(d, plan, seen)
+        judge_job(d)
+        release_gated(d)
+    elif converge and job is not None and job["metadata"].get("deletionTimestamp"):
+        # The old gang is gone (Foreground) only once its pods are; a pod on a lost node never
+        # confirms its deletion: fail and delete it as PodGC would, or the next gang waits for ever.
+        act_on(d, [a for a in plan.actions if a.action == ladder.FORCE])
+    # Only pods still listed can turn up again, so the charged set is bounded by the pods themselves.
+    listed = {p["metadata"].get("uid", p["metadata"]["name"]) for p in [
+        *pods, *([world.coordinator] if world.coordinator else [])]}
+    ledger.seen_pods = sorted(seen & listed)
+    ledger.evictions_refused = [uid for uid in ledger.evictions_refused if uid in listed]
+
+    troubled = {f.pod for f in plan.findings} | {a.pod for a in plan.actions}
+    derive_phase(d, [p for p in pods if p["metadata"]["name"] not in troubled])
+    publish_progress(d, found, folded)
+
+
+def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Folded) -> None:
+    """Live progress, goodput and the in-job recoveries' events, once the phase is known."""
+    status = d.status
+    progress.rolled_back(status, found)
+    ended = status.phase in TERMINAL and d.old.get("phase") != status.phase
+    due = progress.update_progress(status, found, d.now, folded.changed, force=ended)
+    progress.update_goodput(status, found, d.now)
+    last = status.last_recovery or {}
+    if folded.new.get(last.get("tier", "")) and last.get("seconds") is not None:
+        tier, seconds = last["tier"], float(last["seconds"])
+        d.metrics.append(lambda t=tier, s=seconds: metrics.RECOVERY_SECONDS.labels(t).observe(s))
+    events, event_due = progress.in_job_events(status, found, d.now)
+    for reason, message in events:
+        d.event("Warning", reason, message)
+    for wait in (due, event_due):  # not `seconds`: the metrics above run after the pass
+        if wait is not None:
+            d.wait(max(0.5, wait))
+
+
+FENCING_HOW = ("its index is replaced once the node is fenced: deleted (as the cloud node lifecycle controller "
+               "does once its instance is gone), tainted node.kubernetes.io/out-of-service, or (with --check-ec2) "
+               "its EC2 instance stopped or terminated")
+
+
+def report_waits(d: Draft, plan: ladder.Plan) -> None:
+    """Waits on the platform that outlast their timeout, each a condition (and an event when it begins)."""
+    if plan.brake:
+        waiting(d, WAITING_FOR_FENCING, "MassNodeLoss", f"{plan.brake}: likely a partition or a control-plane "
+                "problem, not node failures; nothing is evicted or charged for those nodes until they come back or "
+                "are fenced")
+    elif plan.unfenced:
+        pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(plan.unfenced.items()))
+        waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of its "
+                f"index is started; {FENCING_HOW}")
+    else:
+        waiting(d, WAITING_FOR_FENCING, "", "")
+    if plan.stuck:
+        pods = "; ".join(f"pod {pod} on node {node}" for pod, (node, _) in sorted(plan.stuck.items()))
+        waiting(d, WAITING_FOR_POD_TERMINATION, "PodStuckTerminating", f"{pods}: terminating past its grace period "
+                "and terminatingTimeoutSeconds on a node that is not lost; its container does not stop (a process in "
+                "uninterruptible sleep?). Its index waits until it ends; no other pod of the gang lands on that node; "
+                "nothing is forced unless the node is fenced (deleted or tainted node.kubernetes.io/out-of-service)")
+    else:
+        waiting(d, WAITING_FOR_POD_TERMINATION, "", "")
+
+
+def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
+    """A pod the scheduler finds no node for: say so (WaitingForCapacity, with the scheduler's message);
+    after capacitySuspendSeconds suspend the gang so its healthy nodes are released, and resume it once
+    enough fitting nodes show up; after capacityTimeoutSeconds in all, end Failed with the platform's
+    reason. Never charged to the job (ladder.attribute excuses the survivors' failed rendezvous)."""
+    ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
+    if d.rtj.spec["suspend"]:
+        return
+    old = conditions.get_condition(d.old.get("conditions") or [], WAITING_FOR_CAPACITY) or {}
+    since = parse_time(old.get("lastTransitionTime")) if old.get("status") == "True" else None
+    waited = (d.now - since).total_seconds() if since else 0.0
+    fits = d.world.fitting_nodes or {}
+    if ledger.suspended_for_capacity:
+        if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
+            ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
+            d.event("Normal", "ResumingForCapacity", f"{len(fits)} nodes fit a pod of the job now "
+                                                     f"({', '.join(list(fits)[:8])}): resuming the gang")
+            d.act = True
+            waiting(d, WAITING_FOR_CAPACITY, "Resuming", "enough fitting nodes showed up: the gang resumes")
+        else:
+            d.short_of_capacity = True
+            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
+                    f"{ledger.suspended_for_capacity} to release its nodes: {len(fits)} node(s) fit a pod of it, "
+                    f"{d.rtj.nodes} needed; it resumes by itself once enough do")
+    elif plan.unschedulable or (old.get("reason") == "Unschedulable" and not scheduled(d)):
+        # Once a pod found no node, the wait (and its clock) goes on until every index has a node: a gang
+        # short of nodes has its pods take turns on the nodes it has (each failing its rendezvous, the
+        # next waiting out the Job controller's back-off), so at a given moment none may be unschedulable.
+        if plan.unschedulable:
+            pod, message = sorted(plan.unschedulable.items())[0]
+            more = f" (and {len(plan.unschedulable) - 1} more)" if len(plan.unschedulable) > 1 else ""
+            what = f"pod {pod}{more}: {message}"
+            training = running_ready(d.world.pods)
+            if len(training) >= d.rtj.nodes:
+                # A spare's (or a lost index's, whose ranks a spare took) pod: the job trains on its nodes
+                # meanwhile, so nothing is suspended or timed out; one standby fewer, said so.
+                waiting(d, WAITING_FOR_CAPACITY, "StandbyUnschedulable",
+                        f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile, "
+                        f"with {len(training) - d.rtj.nodes} standby(s)")
+                return
+        else:
+            what = old.get("message") or "a pod of the gang found no node"
+        d.short_of_capacity = True
+        waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
+        if waited >= budget["capacitySuspendSeconds"]:
+            ledger.suspended_for_capacity, ledger.capacity_nodes = timestamp(d.now), sorted(fits.values())
+            d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
+                                                       f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
+                                                       "it to release its nodes until enough fitting nodes show up")
+            # Said in the same write that decides it: the Job is suspended before the next pass.
+            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since {ledger.suspended_for_capacity} "
+                    f"to release its nodes: {len(fits)} node(s) fit a pod of it, {d.rtj.nodes} needed; it resumes "
+                    "by itself once enough do")
+            d.act = True
+        else:
+            d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
+    else:
+        waiting(d, WAITING_FOR_CAPACITY, "", "")
+        return
+    limit = budget["capacityTimeoutSeconds"]
+    if limit and waited >= limit:
+        fail(d, "InsufficientCapacity", f"no capacity for the job's pods for {waited:.0f}s "
+                                        f"(restartBudget.capacityTimeoutSeconds={limit})")
+
+
+def scheduled(d: Draft) -> bool:
+    """Whether every index of the gang has a pod bound to a node (not going away), or none is wanted."""
+    if ((d.world.job or {}).get("spec") or {}).get("suspend"):
+        return True  # a queue holds the gang: no pod to place
+    bound = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in d.world.pods
+             if p.get("spec", {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
+             and p.get("status", {}).get("phase") in ("Pending", "Running")}
+    return len(bound - {None}) >= d.rtj.nodes
+
+
+def waiting(d: Draft, type_: str, reason: str, message: str) -> None:
+    """A wait condition: True with `reason` (an event when it begins or its reason changes), or, with no
+    reason, False if it was there (RTJs that never waited carry none)."""
+    old = conditions.get_condition(d.old.get("conditions") or [], type_)
+    if not reason:
+        if old is not None and old.get("status") == "True":
+            d.cond(type_, False, "Resolved", "")
+        return
+    if not (old and old.get("status") == "True" and old.get("reason") == reason):
+        d.event("Warning", reason, message)
+    d.cond(type_, True, reason, message)
+    d.busy = True
+
+
+def managed_elsewhere(d: Draft, managed_by: str) -> None:
+    """A Job another controller runs (spec.managedBy, e.g. MultiKueue dispatching it to a worker cluster):
+    its pods are not here, so nothing is waited on or charged; the RTJ mirrors the Job's own status."""
+    job, status = d.world.job or {}, d.status
+    job_status = job.get("status") or {}
+    conds = {c.get("type"): c for c in job_status.get("conditions") or [] if c.get("status") == "True"}
+    message = (f"Job {job_name(d.rtj)} is managed by {managed_by}: its pods run elsewhere; this RTJ shows the "
+               "Job's own status, and recovery is that controller's")
+    was = conditions.get_condition(d.old.get("conditions") or [], RUNNING) or {}
+    if was.get("reason") != "ManagedElsewhere":
+        d.event("Warning", "ManagedElsewhere", message)
+    status.nodes_ready = int(job_status.get("ready") or 0)
+    if "Complete" in conds or "SuccessCriteriaMet" in conds:
+        status.phase = "Succeeded"
+        status.completion_time = status.completion_time or timestamp(d.now)
+        d.cond(SUCCEEDED, True, "JobComplete", message)
+    elif "Failed" in conds:
+        fail(d, "FailedElsewhere", conds["Failed"].get("message") or message)
+    else:
+        status.phase = "Running" if status.nodes_ready >= d.rtj.nodes else "Pending"
+    d.cond(RUNNING, status.phase == "Running", "ManagedElsewhere", message)
+
+
+def act_on(d: Draft, findings: list[ladder.Finding]) -> None:
+    ns = d.rtj.namespace
+    for f in findings:
+        if f.action == ladder.EVICT:
+            d.do(Action(EVICT, "Pod", f.pod, ns, uid=f.uid,
+                        event=("Warning", "EvictingPod", f"Evicting pod {f.pod}: {f.message}; the Job controller "
+                                                         "replaces it on a healthy node")))
+        elif f.action == ladder.FORCE:
+            pod = next(p for p in [*d.world.pods, *([d.world.coordinator] if d.world.coordinator else [])]
+                       if p["metadata"]["name"] == f.pod)
+            body = None
+            if pod.get("status", {}).get("phase") != "Failed":
+                # As PodGC does: the pod is Failed (and a disruption) before it is deleted, so the Job
+                # controller frees its index without charging backoffLimit. metadata.uid makes the patch
+                # apply to this pod only, never to a new one of the same name.
+                body = {"metadata": {"uid": f.uid}, "status": {"phase": "Failed", "conditions": [{
+                    "type": "DisruptionTarget", "status": "True", "reason": ladder.FORCE_REASON,
+                    "message": f"rtj-operator: {f.message}", "lastTransitionTime": timestamp(d.now)}]}}
+            d.do(Action(FAIL_POD, "Pod", f.pod, ns, body, uid=f.uid,
+                        event=("Warning", "ForceDeletedPod", f"Failed and deleted pod {f.pod}: {f.message}")
+                        if body else None))
+
+
+def charge(d: Draft, plan: ladder.Plan, seen: set[str]) -> None:
+    """Count each new finding once against the right budget (ladder.attribute) and decide the tier."""
+    status = d.status
+    ledger = status.recovery
+    fault = ledger.charged
+    settling = bool(ledger.fault_settles_at) and d.now < (parse_time(ledger.fault_settles_at) or d.now)
+    if fault is None or fault.attempt != status.attempt or not (status.restart_started_time or settling):
+        fault = ladder.Fault(status.attempt)  # none being recovered
+        ledger.fault_settles_at = ""
+    job = d.world.job or {}
+    # Suspended, or being suspended (by the user, or to release the nodes while a pod waits for capacity):
+    # the pods (and the coordinator) go because of it.
+    suspended = bool(d.rtj.spec["suspend"] or job.get("spec", {}).get("suspend") or ledger.suspended_for_capacity)
+    # A peer's exit is explained by a node of the gang that is lost or that its health agent reports bad.
+    charges, fault = ladder.attribute(plan.findings, fault, {**plan.unhealthy, **plan.lost_nodes},
+                                      suspended=suspended, capacity=d.short_of_capacity,
+                                      stopped_by_suspend=ladder.stopped_by_suspend(d.world.pods, job))
+    ledger.charged = fault
+    gang: tuple[str, str] | None = None
+    for c in charges:
+        if c.hold:
+            d.wait(c.hold)  # looked at again until its cause shows or the wait is over
+            continue
+        seen.add(c.finding.uid)
+        d.act = d.act or (bool(c.finding.action) and not suspended)
+        if c.finding.reason == ladder.UNHEALTHY:
+            exclude(d, c.finding.node, c.finding.message)
+        elif c.payer == ladder.JOB and c.finding.kind == ladder.JOB_FAILURE and c.finding.node:
+            count_node_failure(d, c.finding.node, c.finding.reason)
+        if c.why == ladder.EXCUSED:
+            d.event("Warning", "NotCharged", f"{c.finding.reason}: {c.message}; a consequence of the fault being "
+                                             f"recovered ({status.last_failure_reason})")
+        if c.payer != ladder.NOBODY:
+            record_restart(d, c.tier or ladder.REPLACE_POD, c.finding.reason, c.message,
+                           platform=c.payer == ladder.PLATFORM)
+        if c.tier == ladder.GANG_RESTART and not gang:
+            gang = (c.finding.reason, "the coordinator is gone" if c.finding.kind in (
+                ladder.COORDINATOR_LOST, ladder.COORDINATOR_FAILED) else "a pod could not complete the rendezvous"
+                + (" (not charged: its launcher closed the rendezvous)" if c.payer == ladder.NOBODY else ""))
+    permanent = plan.permanent
+    if permanent is not None and not suspended:
+        fail(d, permanent.reason, permanent.message)
+        return
+    if enforce_budgets(d):
+        return
+    if gang:
+        # Pods of this attempt only: once the attempt moves on, the old gang's exits are not listed.
+        next_attempt(d, *gang)
+
+
+# --- placement: node exclusions -------------------------------------------------------------------
+def exclude(d: Draft, node: str, reason: str) -> None:
+    """Keep `node` out of the job's placement for restartBudget.nodeExclusionSeconds (recorded in status
+    before any pod is placed by it: release_gated reads status)."""
+    seconds = d.rtj.spec["restartBudget"]["nodeExclusionSeconds"]
+    if not seconds or not node:
+        return
+    until = timestamp(d.now + datetime.timedelta(seconds=seconds))
+    entries = [e for e in d.status.excluded_nodes if e.get("node") != node]
+    d.status.excluded_nodes = [*entries, {"node": node, "reason": reason[:512], "until": until}][-MAX_EXCLUDED:]
+    if not any(e.get("node") == node for e in entries):
+        d.event("Warning", "NodeExcluded", f"Node {node} is kept out of the job's placement until {until}: {reason}")
+
+
+def count_node_failure(d: Draft, node: str, reason: str) -> None:
+    """A failure charged to the job on `node`: the second one there excludes the node (a restart storm on
+    one machine is the machine's, whatever the health agents say)."""
+    failures = d.status.recovery.node_failures
+    n = failures.pop(node, 0) + 1
+    if n >= REPEATED_FAILURES:
+        exclude(d, node, f"{n} failures of the job's pods on this node (last: {reason})")
+        return
+    failures[node] = n
+    while len(failures) > MAX_NODE_FAILURES:
+        failures.pop(next(iter(failures)))
+
+
+def excluded(d: Draft) -> list[str]:
+    """The nodes excluded now; expired exclusions are dropped from status."""
+    d.status.excluded_nodes = [e for e in d.status.excluded_nodes
+                               if (parse_time(e.get("until")) or d.now) > d.now]
+    return sorted({e["node"] for e in d.status.excluded_nodes if e.get("node")})
+
+
+def exclusion_terms(pod_spec: dict[str, Any], nodes: list[str]) -> list[dict[str, Any]]:
+    """The pod's required node selector terms with `metadata.name NotIn nodes` added to each (a pod
+    held by a scheduling gate may only have its node affinity narrowed: KEP-3838)."""
+    expression = {"key": HOSTNAME_FIELD, "operator": "NotIn", "values": nodes}
+    terms = ((((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    if not terms:
+        return [{"matchFields": [expression]}]
+    return [{**t, "matchFields": [*(t.get("matchFields") or []), expression]} for t in terms]
+
+
+def release_gated(d: Draft) -> None:
+    """Hand the job's new pods (replacements, spares, a new gang) to the scheduler, each with the node
+    exclusions in force now: the operator's scheduling gate removed (others' gates, e.g. Kueue's, kept),
+    the excluded nodes added to its node affinity, in one patch guarded by the pod's uid and
+    resourceVersion."""
+    nodes = excluded(d)
+    for pod in d.world.pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        gates = spec.get("schedulingGates") or []
+        if meta.get("deletionTimestamp") or not any(g.get("name") == api.SCHEDULING_GATE for g in gates):
+            continue
+        body: dict[str, Any] = {
+            "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "spec": {"schedulingGates": [g for g in gates if g.get("name") != api.SCHEDULING_GATE]}}
+        if nodes:
+            body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": exclusion_terms(spec, nodes)}}}
+        d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
+
+
+def record_restart(d: Draft, tier: str, reason: str, message: str, platform: bool) -> None:
+    """Bookkeeping of one restart: counters, progress, condition, metric and event."""
+    status, budget = d.status, d.rtj.spec["restartBudget"]
+    status.restarts_by_tier[tier] = status.restarts_by_tier.get(tier, 0) + 1
+    status.restarts = sum(status.restarts_by_tier.values())
+    progress.count_restart(status, tier, reason, ladder.PLATFORM if platform else ladder.JOB)
+    status.last_failure_reason, status.last_failure_message = reason, message
+    if not status.restart_started_time:  # the first charge of this recovery: where training was
+        status.recovery.step_at_fault = (status.progress or {}).get("step")
+    status.restart_started_time = status.restart_started_time or timestamp(d.now)
+    d.metrics.append(lambda t=tier, r=reason: metrics.RESTARTS.labels(t, r).inc())
+    if platform:
+        status.disruptions += 1
+    else:
+        status.job_restarts += 1
+        track_progress(status)
+    d.cond(RESTARTING, True, tier, message)
+    d.event("Warning", tier, f"{reason}: {message} (restart {status.restarts}, job failures "
+                             f"{status.job_restarts}/{budget['maxRestarts']}, disruptions "
+                             f"{status.disruptions}/{budget['maxDisruptions']})")
+
+
+def track_progress(status: Status) -> None:
+    step = int(status.last_checkpoint_step or 0)
+    previous = status.step_at_last_restart
+    if previous is None or step > int(previous):
+        status.restarts_without_progress = 1
+    else:
+        status.restarts_without_progress += 1
+    status.step_at_last_restart = step
+
+
+def enforce_budgets(d: Draft) -> bool:
+    status = d.status
+    counters = {"jobRestarts": status.job_restarts, "disruptions": status.disruptions,
+                "restartsWithoutProgress": status.restarts_without_progress}
+    spent = ladder.over_budget(counters, d.rtj.spec["restartBudget"], status.last_failure_message or "",
+                               int(status.step_at_last_restart or 0))
+    if spent is not None:
+        fail(d, *spent)
+    return status.phase == "Failed"
+
+
+def judge_job(d: Draft) -> None:
+    """The Job's own verdict (FailureTarget comes first, Failed once every pod is gone), and the Job
+    controller's replacement back-off, which a new attempt resets."""
+    if d.status.phase == "Failed" or d.status.recovery.pending_gang_restart:
+        return
+    job = d.world.job or {}
+    verdict = ladder.job_verdict(job)
+    if verdict is not None:
+        meaning, cond = verdict
+        message = cond.get("message") or "the Job failed"
+        if meaning.fails:
+            fail(d, meaning.fails, cond.get("message") or "a pod failed with a permanent exit code")
+            return
+        # The Job gave up on its own (e.g. its deadline); a new gang may still succeed.
+        reason = cond.get("reason") or "JobFailed"
+        record_restart(d, meaning.tier or ladder.GANG_RESTART, reason, message,
+                       platform=meaning.payer == ladder.PLATFORM)
+        if not enforce_budgets(d):
+            next_attempt(d, reason, message)
+        return
+    replacement_backoff(d)
+
+
+def replacement_backoff(d: Draft) -> None:
+    """The Job controller's delay before it replaces a failed pod, read from the pods (per index); once
+    the replacement would come later than half the rendezvous timeout, the survivors would give up on
+    the rendezvous first: a new Job starts without back-off."""
+    pods, job, ledger = d.world.pods, d.world.job or {}, d.status.recovery
+    if job.get("spec", {}).get("backoffLimitPerIndex") is not None:
+        due = ladder.replacement_due(pods, d.now)
+        delay, left = max(due.values(), key=lambda v: v[1]) if due else (0.0, 0.0)
+        why = f"{len(due)} failed index{'es' if len(due) != 1 else ''} waiting"
+    else:  # a Job made by an earlier operator: one back-off over all its failed pods
+        failed = sum(1 for p in pods if p.get("status", {}).get("phase") == "Failed")
+        active = sum(1 for p in pods if p.get("status", {}).get("phase") in ("Pending", "Running")
+                     and not p["metadata"].get("deletionTimestamp"))
+        full = failed and active < int(job.get("spec", {}).get("parallelism", d.rtj.nodes))
+        delay = left = ladder.replacement_backoff(failed) if full else 0.0
+        why = f"{failed} failed pods in this Job"
+    if not delay:
+        ledger.replacement_backoff_seconds = None
+        return
+    if ledger.replacement_backoff_seconds != delay:
+        ledger.replacement_backoff_seconds = delay
+        d.event("Normal", "ReplacementBackoff", f"The Job controller delays the replacement pod by {delay:.0f}s "
+                                                f"({why}; due in {left:.0f}s)")
+    limit = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] / 2
+    # Short of capacity, a new gang would wait for the same node: it would only restart the survivors
+    # (and the capacity clock with them).
+    if left > limit and not d.short_of_capacity:
+        next_attempt(d, "ReplacementBackoff", f"the Job controller would replace the pod only in {left:.0f}s, "
+                                              "beyond half the rendezvous timeout")
+
+
+def fail(d: Draft, reason: str, message: str) -> None:
+    status = d.status
+    if status.phase == "Failed":
+        return
+    status.phase = "Failed"
+    status.completion_time = timestamp(d.now)
+    status.last_failure_reason, status.last_failure_message = reason, message
+    d.cond(FAILED, True, reason, message)
+    d.cond(RESTARTING, False, reason, "no further restarts")
+    d.event("Warning", "Failed", f"{reason}: {message}")
+    d.act = True  # the next pass (terminal) suspends the Job
+
+
+def job_nodes(job: dict[str, Any] | None, rtj: RTJ) -> int:
+    """The training nodes of a Job (annotated; an earlier operator's Job: all its completions)."""
+    if not job:
+        return rtj.nodes
+    try:
+        return int((job["metadata"].get("annotations") or {})[api.ANNOTATION_NODES])
+    except (KeyError, TypeError, ValueError):
+        return int(job.get("spec", {}).get("completions", rtj.nodes))
+
+
 def _ready(pod: dict[str, Any]) -> bool:
     conds = pod.get("status", {}).get("conditions") or []
     ready = next((c for c in conds if c.get("type") == "Ready"), None)
     return ready is None or ready.get("status") == "True"
 
 
-def reconcile(kube: Kube, body: dict[str, Any], now: datetime.datetime | None = None,
-              storage_check: StorageCheck | None = None, nodes: NodeSource | None = None,
-              allowed_service_accounts: frozenset[str] | None = None) -> Outcome:
-    """Converge one RTJ's children and return its new status, the events to post and the metrics
-    to record once that status is written."""
+def running_ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods that run and are Ready, not being deleted: what the job trains on."""
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("phase") == "Running" and _ready(p)]
+
+
+def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
+    status, rtj, job, ledger = d.status, d.rtj, d.world.job, d.status.recovery
+    ready = running_ready(pods)
+    status.nodes_ready = len(ready)
+    # What runs is what counts: after an invalid edit, the Job still has its old shape. Its training nodes
+    # (the rest of its pods are hot spares: the job runs without them).
+    desired = job_nodes(job, rtj)
+    status.nodes_desired = desired
+    status.standbys = max(0, len(ready) - desired)
+    job_conds = ((job or {}).get("status") or {}).get("conditions") or []
+    complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
+                   for c in job_conds)
+    d.cond(CREATED, job is not None or bool(status.start_time), "ChildrenCreated",
+           f"Service {service_name(rtj)}, Job {job_name(rtj)} and PVC {pvc_name(rtj)}")
+    d.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",
+           "spec.suspend is true" if rtj.spec["suspend"] else "")
+
+    if status.phase == "Failed":
+        d.cond(RUNNING, False, status.last_failure_reason or "Failed", "the job failed")
+        d.cond(SUCCEEDED, False, "Failed", "")
+        return
+    d.cond(FAILED, False, "NotFailed", "")
+    current = is_current(job, status.attempt)
+    if complete and current:
+        status.phase = "Succeeded"
+        status.completion_time = status.completion_time or timestamp(d.now)
+        d.cond(SUCCEEDED, True, "JobComplete", f"all {desired} nodes completed")
+        d.cond(RUNNING, False, "Completed", "")
+        d.cond(RESTARTING, False, "Completed", "")
+        status.restart_started_time = None
+        if d.old.get("phase") != "Succeeded":
+            step = status.last_checkpoint_step
+            d.event("Normal", "Succeeded", f"Training finished at checkpoint step "
+                                           f"{step if step is not None else 'unknown'}")
+        return
+    d.cond(SUCCEEDED, False, "NotCompleted", "")
+
+    gang_pending = bool(ledger.pending_gang_restart) or not current
+    if gang_pending and status.start_time:
+        status.restart_started_time = status.restart_started_time or timestamp(d.now)
+    restarting_since = parse_time(status.restart_started_time)
+    all_running = current and len(ready) >= desired
+    if restarting_since and all_running and not gang_pending:
+        seconds = round((d.now - restarting_since).total_seconds(), 3)
+        status.last_recovery_seconds = seconds
+        restarting = conditions.get_condition(status.conditions, RESTARTING) or {}
+        tier = restarting.get("reason") if restarting.get("reason") in ladder.TIERS else ladder.REPLACE_POD
+        progress.note_recovery(status, {"tier": tier, "reason": status.last_failure_reason,
+                                        "message": status.last_failure_message, "seconds": seconds,
+                                        "time": status.restart_started_time})
+        status.restart_started_time = None
+        # Recovered as far as pods go; the fault stays the cause of what follows until the replacement's
+        # launcher could have joined the rendezvous (it gives up after rendezvousTimeoutSeconds): a rendezvous
+        # that fails meanwhile is its consequence. Later failures are new faults.
+        ledger.fault_settles_at = timestamp(d.now + datetime.timedelta(
+            seconds=rtj.spec["resiliency"]["rendezvousTimeoutSeconds"])) if ledger.charged else ""
+        restarting_since = None
+        d.metrics.append(lambda t=tier, s=seconds: metrics.RECOVERY_SECONDS.labels(t).observe(s))
+        d.event("Normal", "Recovered", f"All {desired} nodes running again after {seconds}s")
+    held = bool((job or {}).get("spec", {}).get("suspend")) and current and not ledger.suspended_for_capacity
+    if rtj.spec["suspend"]:
+        status.phase = "Suspended"
+        d.cond(RUNNING, False, "Suspended", "spec.suspend is true")
+    elif held and queued(d):
+        status.phase = "Queued"
+        d.cond(RUNNING, False, "Queued", (conditions.get_condition(status.conditions, QUEUED) or {}).get(
+            "message") or "waiting in its queue")
+    elif held and not ledger.suspended_job:
+        status.phase = "Queued"
+        d.cond(RUNNING, False, "SuspendedExternally", f"Job {job_name(rtj)} was suspended by someone other than "
+               "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")
+    elif restarting_since:
+        status.phase = "Restarting"
+        d.busy = True
+        reason = ledger.pending_gang_restart or "Restarting"
+        d.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready ({reason})")
+    elif all_running:
+        status.phase = "Running"
+        d.cond(RUNNING, True, "AllNodesRunning", f"{len(ready)}/{desired} nodes ready")
+    else:
+        status.phase = "Pending"
+        d.busy = True
+        d.cond(RUNNING, False, "WaitingForPods", f"{len(ready)}/{desired} nodes ready")
+    if not restarting_since:
+        d.cond(RESTARTING, False, "Stable", "")
+    elif gang_pending and not conditions.is_true(status.conditions, RESTARTING):
+        d.cond(RESTARTING, True, ladder.GANG_RESTART, ledger.pending_gang_restart or "")
+    if status.phase != d.old.get("phase") and status.phase == "Running":
+        d.event("Normal", "Running", f"All {desired} nodes running")
+
+
+# --- after the actions ---------------------------------------------------------------------------
+def settle(intent: Intent, results: list[Result], world: World, now: datetime.datetime | None = None) -> Intent:
+    """Fold what the actions did into the intent, before its status is written: the events of effects
+    done, a create the server rejected (InvalidSpec), a name held by an object we do not own
+    (ChildConflict), the bookkeeping of a Job just created."""
     now = now or datetime.datetime.now(datetime.UTC)
-    with metrics.RECONCILE_SECONDS.time():
-        return _Pass(kube, body, now, nodes, allowed_service_accounts).run(storage_check)
+    d = Draft(world, now)
+    d.status, d.events, d.metrics = intent.status, [], intent.metrics
+    done: list[Event] = []
+    for r in results:
+        a = r.action
+        if r.ok and a.event is not None:
+            done.append(Event(*a.event, done=True))
+        if r.ok and a.verb == CREATE and a.kind == "Job":
+            d.status.recovery.pending_gang_restart = ""
+            d.status.start_time = d.status.start_time or timestamp(now)
+        if r.rejected:
+            rejected(d, a.kind, r.rejected)
+            if world.job is None:
+                d.status.phase = "Invalid"
+                d.cond(CREATED, False, "InvalidSpec", "nothing was created: fix the spec")
+        if r.conflict:
+            message = (f"{r.conflict}: rename the job or remove that {a.kind}" if a.kind != "PersistentVolumeClaim" else
+                       f"{r.conflict}: rename the job, remove the claim, or name it in spec.storage.existingClaim "
+                       "to use it on purpose")
+            was = conditions.get_condition(world.rtj.get("status", {}).get("conditions") or [], CREATED) or {}
+            if was.get("reason") != "ChildConflict":
+                d.event("Warning", "ChildConflict", message)
+            d.cond(CREATED, False, "ChildConflict", message)
+            d.status.phase = "Pending"
+            d.cond(RUNNING, False, "ChildConflict", "nothing is created or changed until the conflict is resolved")
+        if r.refused and a.uid not in d.status.recovery.evictions_refused:
+            d.status.recovery.evictions_refused.append(a.uid)
+            d.event("Warning", "EvictionRefused", f"Evicting pod {a.name} was refused: a PodDisruptionBudget does "
+                                                  "not allow it now; trying again until it does")
+    requeue = intent.requeue
+    if any(not r.ok and (r.rejected or r.conflict) for r in results):
+        requeue = Requeue(IDLE_SECONDS)
+    return Intent(d.status, intent.actions, done + intent.events + d.events, requeue, d.metrics)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -29,6 +30,7 @@ class RTJ:
     uid: str
     generation: int
     spec: dict[str, Any]
+    labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> RTJ:
@@ -39,7 +41,23 @@ class RTJ:
             uid=meta.get("uid", ""),
             generation=int(meta.get("generation", 1)),
             spec=with_defaults(body.get("spec") or {}),
+            labels=dict(meta.get("labels") or {}),
         )
+
+    @property
+    def queue_name(self) -> str:
+        """The Kueue LocalQueue the gang is submitted to ('' : none, the operator runs it by itself)."""
+        return str(self.spec.get("queueName") or self.labels.get(api.KUEUE_QUEUE_LABEL) or "")
+
+    @property
+    def queue_labels(self) -> dict[str, str]:
+        """The Kueue labels the Job carries: its queue and, if the RTJ names one, its WorkloadPriorityClass."""
+        if not self.queue_name:
+            return {}
+        out = {api.KUEUE_QUEUE_LABEL: self.queue_name}
+        if self.labels.get(api.KUEUE_PRIORITY_LABEL):
+            out[api.KUEUE_PRIORITY_LABEL] = self.labels[api.KUEUE_PRIORITY_LABEL]
+        return out
 
     @property
     def owner(self) -> dict[str, Any]:
@@ -53,12 +71,13 @@ class RTJ:
         return int(self.spec["nodes"]["count"])
 
     @property
-    def nodes_min(self) -> int:
-        return int(self.spec["nodes"].get("min", self.nodes))
+    def spares(self) -> int:
+        return int(self.spec["nodes"].get("spares", 0))
 
     @property
-    def nodes_max(self) -> int:
-        return int(self.spec["nodes"].get("max", self.nodes))
+    def pods(self) -> int:
+        """Worker pods: the training nodes and the spares."""
+        return self.nodes + self.spares
 
     @property
     def procs_per_node(self) -> int:
@@ -129,7 +148,30 @@ def schema_errors(body: dict[str, Any]) -> list[str]:
     if isinstance(body.get("spec"), dict):
         body["spec"] = with_defaults(body["spec"])
     errors = sorted(_validator().iter_errors(body), key=lambda e: list(e.absolute_path))
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in errors]
+    messages = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in errors]
+    return messages or _list_map_errors(api.openapi_schema(), body, "")
+
+
+def _list_map_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """Duplicate keys in x-kubernetes-list-type map (or set) lists, which kube-apiserver rejects
+    ("Duplicate value") and JSON Schema cannot express."""
+    errors: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key) or (extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += _list_map_errors(sub, item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        kind, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys") or []
+        if kind in ("map", "set"):
+            seen = [json.dumps([v.get(k) for k in keys] if kind == "map" and isinstance(v, dict) else v,
+                               sort_keys=True) for v in value]
+            errors += [f"{path}[{i}]: Duplicate value: {seen[i]}" for i in range(len(value)) if seen[i] in seen[:i]]
+        for i, item in enumerate(value):
+            errors += _list_map_errors(schema["items"], item, f"{path}[{i}]")
+    return errors
 
 
 _QUANTITY_RE = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([KMGTPE]i|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
@@ -166,11 +208,19 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
         return [f"spec.{e}" for e in shape]
     spec, errors = rtj.spec, []
     errors += _name_errors(rtj.name)
-    count, lo, hi = rtj.nodes, rtj.nodes_min, rtj.nodes_max
-    if lo > hi:
-        errors.append(f"nodes.min ({lo}) must not exceed nodes.max ({hi})")
-    if not lo <= count <= hi:
-        errors.append(f"nodes.count ({count}) must lie within nodes.min..nodes.max ({lo}..{hi})")
+    for bound in ("min", "max"):
+        if spec["nodes"].get(bound, rtj.nodes) != rtj.nodes:
+            errors.append(f"nodes.{bound} ({spec['nodes'][bound]}) must equal nodes.count ({rtj.nodes}): an elastic "
+                          "world size is not supported (NVRx 0.6's barrier rendezvous trains on exactly nodes.min "
+                          "nodes and keeps the rest idle, 0.4.1 on as many as join): set nodes.spares for hot "
+                          "spares")
+    label_queue = rtj.labels.get(api.KUEUE_QUEUE_LABEL)
+    if spec.get("queueName") and label_queue and label_queue != spec["queueName"]:
+        errors.append(f"spec.queueName ({spec['queueName']}) and the label {api.KUEUE_QUEUE_LABEL} ({label_queue}) "
+                      "name different queues: set one")
+    if spec["nodes"]["spares"] and not spec["coordinator"]["enabled"]:
+        errors.append("nodes.spares needs coordinator.enabled: a spare may be node 0, so node 0's pod cannot host "
+                      "the rendezvous")
     res = spec["resiliency"]
     if res["heartbeatTimeoutSeconds"] <= res["monitorIntervalSeconds"]:
         errors.append(f"resiliency.heartbeatTimeoutSeconds ({res['heartbeatTimeoutSeconds']}) must be "
@@ -183,7 +233,7 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     if ipr["softTimeoutSeconds"] >= ipr["hardTimeoutSeconds"]:
         errors.append(f"resiliency.inProcessRestart.softTimeoutSeconds ({ipr['softTimeoutSeconds']}) must "
                       f"be less than hardTimeoutSeconds ({ipr['hardTimeoutSeconds']})")
-    errors += _timeout_order_errors(res)
+    errors += _timeout_order_errors(spec)
     port = res["rendezvousPort"]
     if EPHEMERAL_PORTS[0] <= port + 2 and port <= EPHEMERAL_PORTS[1]:
         errors.append(f"resiliency.rendezvousPort ({port}): ports {port}..{port + 2} overlap the Linux ephemeral "
@@ -195,9 +245,9 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     if bool(claim) == bool(sc):
         errors.append("storage: set exactly one of existingClaim (use a PVC) or storageClassName "
                       "(create one)")
-    if sc and rtj.nodes_max > 1 and storage["accessMode"] != "ReadWriteMany":
+    if sc and rtj.pods > 1 and storage["accessMode"] != "ReadWriteMany":
         errors.append(f"storage.accessMode must be ReadWriteMany for a shared checkpoint volume across "
-                      f"{rtj.nodes_max} nodes (got {storage['accessMode']})")
+                      f"{rtj.pods} nodes (got {storage['accessMode']})")
     size = parse_quantity(storage["size"])
     if sc and (size is None or size <= 0):
         errors.append(f"storage.size {storage['size']!r} must be a size greater than 0, such as 1200Gi")
@@ -212,7 +262,10 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
     errors += _storage_path_errors(storage, spec["checkpoint"])
     errors += _env_errors(spec.get("env") or [])
     errors += _placement_errors(spec["placement"])
+    errors += _placement_errors({"nodeSelector": spec["coordinator"].get("nodeSelector"),
+                                 "tolerations": spec["coordinator"].get("tolerations")}, "coordinator")
     errors += _resources_errors(spec.get("resources") or {})
+    errors += _pod_errors(spec)
     errors += _service_account_errors(rtj, allowed_service_accounts)
     if ipr["enabled"]:
         for env in spec.get("env") or []:
@@ -229,11 +282,38 @@ EPHEMERAL_PORTS = (32768, 60999)
 NVRX_INPROCESS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
 
 
-def _timeout_order_errors(res: dict[str, Any]) -> list[str]:
-    """NCCL < in-process soft < hard < heartbeat < initial heartbeat: each layer must give up before
-    the one above it steps in, or the cheaper recovery never gets its chance."""
+def nccl_timeout(spec: dict[str, Any]) -> int:
+    """The training process group's collective timeout (resiliency.ncclTimeoutSeconds, or its default):
+    see _timeout_order_errors for why it depends on the backend."""
+    res = spec["resiliency"]
+    if res.get("ncclTimeoutSeconds"):
+        return int(res["ncclTimeoutSeconds"])
     ipr = res["inProcessRestart"]
-    chain = [("resiliency.ncclTimeoutSeconds", res["ncclTimeoutSeconds"])]
+    if spec["gpusPerNode"] > 0:
+        if not ipr["enabled"]:
+            return min(600, int(res["heartbeatTimeoutSeconds"]) - 1)
+        # Past the hard timeout (the Wrapper acts first), below the heartbeat timeout (the rank monitor
+        # would kill a rank still waiting): halfway, at most a minute past the hard timeout.
+        hard, heartbeat = int(ipr["hardTimeoutSeconds"]), int(res["heartbeatTimeoutSeconds"])
+        return hard + max(1, min(60, (heartbeat - hard) // 2))
+    return min(30, int(ipr["softTimeoutSeconds"]) - 1) if ipr["enabled"] else 30
+
+
+def _timeout_order_errors(spec: dict[str, Any]) -> list[str]:
+    """Each layer must give up before the one above it steps in, or the cheaper recovery never gets
+    its chance: in-process soft < hard < heartbeat < initial heartbeat. The collective timeout sits
+    where its backend needs it:
+    - NCCL: its watchdog kills the process when a collective times out, which no in-process restart
+      survives; so with in-process restart it must exceed the hard timeout (NVRx usage guide: "the
+      PyTorch NCCL watchdog must either be disabled or configured with a timeout longer than the
+      hard_timeout"), and the Wrapper's soft timeout aborts a hang first;
+    - gloo: a timed-out collective raises in the healthy ranks, which is how they leave a failed
+      iteration and join the in-process restart; so it must be below the soft timeout.
+    Either way it stays below the heartbeat timeout, or the rank monitor kills a rank still waiting."""
+    res = spec["resiliency"]
+    ipr = res["inProcessRestart"]
+    nccl, gpu = nccl_timeout(spec), spec["gpusPerNode"] > 0
+    chain = []
     if ipr["enabled"]:
         chain += [("resiliency.inProcessRestart.softTimeoutSeconds", ipr["softTimeoutSeconds"]),
                   ("resiliency.inProcessRestart.hardTimeoutSeconds", ipr["hardTimeoutSeconds"])]
@@ -245,6 +325,19 @@ def _timeout_order_errors(res: dict[str, Any]) -> list[str]:
         if low >= high and not (lower.endswith("softTimeoutSeconds") and upper.endswith("hardTimeoutSeconds")):
             errors.append(f"{lower} ({low}) must be less than {upper} ({high}); timeouts must grow in the "
                           f"order {order}")
+    what = f"resiliency.ncclTimeoutSeconds ({nccl}{'' if res.get('ncclTimeoutSeconds') else ', its default'})"
+    if ipr["enabled"] and gpu and nccl <= ipr["hardTimeoutSeconds"]:
+        errors.append(f"{what} must exceed resiliency.inProcessRestart.hardTimeoutSeconds "
+                      f"({ipr['hardTimeoutSeconds']}) with NCCL: the NCCL watchdog kills the process when it "
+                      "fires, so a hang it catches first is never restarted in process (NVRx usage guide)")
+    if ipr["enabled"] and not gpu and nccl >= ipr["softTimeoutSeconds"]:
+        errors.append(f"{what} must be less than resiliency.inProcessRestart.softTimeoutSeconds "
+                      f"({ipr['softTimeoutSeconds']}) with gloo (gpusPerNode 0): a timed-out collective is "
+                      "how the healthy ranks leave a failed iteration and restart in process")
+    if nccl >= res["heartbeatTimeoutSeconds"]:
+        errors.append(f"{what} must be less than resiliency.heartbeatTimeoutSeconds "
+                      f"({res['heartbeatTimeoutSeconds']}): the rank monitor would kill a rank still waiting in "
+                      "a collective")
     return errors
 
 
@@ -333,12 +426,12 @@ def _env_source_errors(source: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _placement_errors(placement: dict[str, Any]) -> list[str]:
-    errors = [f"placement.nodeSelector key {k!r} is not a valid label key"
+def _placement_errors(placement: dict[str, Any], where: str = "placement") -> list[str]:
+    errors = [f"{where}.nodeSelector key {k!r} is not a valid label key"
               for k in placement.get("nodeSelector") or {} if not is_label_key(k)]
     for i, tol in enumerate(placement.get("tolerations") or []):
-        errors += [f"placement.tolerations[{i}]: {e}" for e in _toleration_errors(tol)]
-    errors += [f"placement.affinity.{e}" for e in _affinity_errors(placement.get("affinity") or {})]
+        errors += [f"{where}.tolerations[{i}]: {e}" for e in _toleration_errors(tol)]
+    errors += [f"{where}.affinity.{e}" for e in _affinity_errors(placement.get("affinity") or {})]
     return errors
 
 
@@ -403,12 +496,12 @@ _STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 _ACCELERATORS = frozenset({"nvidia.com/gpu", "vpc.amazonaws.com/efa"})
 
 
-def _resources_errors(resources: dict[str, Any]) -> list[str]:
+def _resources_errors(resources: dict[str, Any], sidecar: bool = False) -> list[str]:
     errors = []
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     for kind, values in (("limits", limits), ("requests", requests)):
         for name, value in values.items():
-            errors += [f"resources.{kind}[{name}]: {e}" for e in _resource_errors(name, value)]
+            errors += [f"resources.{kind}[{name}]: {e}" for e in _resource_errors(name, value, sidecar)]
     for name, value in requests.items():
         request, limit = parse_quantity(value), parse_quantity(limits.get(name))
         extended = name not in _STANDARD_RESOURCES
@@ -421,8 +514,10 @@ def _resources_errors(resources: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _resource_errors(name: str, value: Any) -> list[str]:
+def _resource_errors(name: str, value: Any, sidecar: bool = False) -> list[str]:
     if name in _ACCELERATORS:
+        if sidecar:
+            return ["the worker's GPUs and EFA devices are not an init container's"]
         return ["set by the operator from gpusPerNode/efaPerNode: set those instead"]
     if name not in _STANDARD_RESOURCES and (
             not _matches(api.RESOURCE_NAME, name) or "kubernetes.io/" in name or not is_label_key(name)):
@@ -434,6 +529,99 @@ def _resource_errors(name: str, value: Any) -> list[str]:
     if name not in _STANDARD_RESOURCES and quantity % 1:
         return [f"{value!r}: an extended resource must be a whole number"]
     return []
+
+
+def _pod_errors(spec: dict[str, Any]) -> list[str]:
+    """spec.pod: what its CEL rules check (mirrored, so the operator never builds a pod the API server
+    rejects), and what only the whole spec can tell (the operator's own mount paths)."""
+    pod = spec.get("pod") or {}
+    errors = []
+    for key in pod.get("labels") or {}:
+        if not is_label_key(key):
+            errors.append(f"pod.labels key {key!r} is not a valid label key")
+        elif _reserved(key, api.RESERVED_LABEL_PREFIXES, api.RESERVED_LABELS):
+            errors.append(f"pod.labels key {key!r} is the operator's or the Job controller's")
+    for key in pod.get("annotations") or {}:
+        if not is_label_key(key.lower()):
+            errors.append(f"pod.annotations key {key!r} is not a qualified name")
+        elif _reserved(key.lower(), api.RESERVED_ANNOTATION_PREFIXES, ()):
+            errors.append(f"pod.annotations key {key!r} is the operator's or the Job controller's")
+    volumes = pod.get("volumes") or []
+    names = {v["name"] for v in volumes}
+    for i, volume in enumerate(volumes):
+        errors += [f"pod.volumes[{i}] ({volume['name']}): {e}" for e in _volume_errors(volume)]
+    mountable = names | set(api.RESERVED_VOLUMES)
+    reserved_paths = {api.SHM_PATH: "/dev/shm", posixpath.normpath(spec["storage"]["mountPath"]): "storage.mountPath"}
+    for i, mount in enumerate(pod.get("volumeMounts") or []):
+        taken = reserved_paths.get(posixpath.normpath(mount["mountPath"]))
+        if taken:
+            errors.append(f"pod.volumeMounts[{i}].mountPath {mount['mountPath']!r} is {taken}: the operator mounts it")
+    errors += [f"pod.{e}" for e in _mount_errors(pod.get("volumeMounts") or [], mountable)]
+    for i, container in enumerate(pod.get("initContainers") or []):
+        where = f"pod.initContainers[{i}] ({container['name']})"
+        if container["name"] == api.CONTAINER_NAME:
+            errors.append(f"{where}: the name {api.CONTAINER_NAME!r} is the operator's")
+        errors += [f"{where}.{e}" for e in _mount_errors(container.get("volumeMounts") or [], mountable)]
+        errors += [f"{where}.{e}" for e in _env_errors(container.get("env") or [])]
+        errors += [f"{where}.{e}" for e in _resources_errors(container.get("resources") or {}, sidecar=True)]
+        errors += [f"{where}.{e}" for e in _security_context_errors(container.get("securityContext") or {})]
+        ports = [p["name"] for p in container.get("ports") or [] if p.get("name")]
+        for name in sorted({n for n in ports if ports.count(n) > 1}):
+            errors.append(f"{where}.ports: the name {name!r} is used twice")
+        for name in ports:
+            if not re.search("[a-z]", name) or "--" in name:
+                errors.append(f"{where}.ports name {name!r}: an IANA service name has a letter and no '--'")
+    return errors
+
+
+def _reserved(key: str, prefixes: tuple[str, ...], exact: tuple[str, ...]) -> bool:
+    return key.startswith(prefixes) or key in exact
+
+
+def _has_backsteps(path: str) -> bool:
+    return ".." in path.split("/")
+
+
+def _volume_errors(volume: dict[str, Any]) -> list[str]:
+    errors = []
+    if volume["name"] in api.RESERVED_VOLUMES:
+        errors.append(f"the name is the operator's ({', '.join(api.RESERVED_VOLUMES)} are)")
+    sources = [s for s in ("persistentVolumeClaim", "configMap", "secret", "emptyDir", "hostPath", "nfs", "csi")
+               if s in volume]
+    if len(sources) != 1:
+        errors.append(f"a volume has exactly one source (got {', '.join(sources) or 'none'})")
+    if _has_backsteps((volume.get("hostPath") or {}).get("path", "")):
+        errors.append("hostPath.path must not contain '..' components")
+    for source in ("configMap", "secret"):
+        for j, item in enumerate((volume.get(source) or {}).get("items") or []):
+            path = item["path"]
+            if path.startswith("/") or _has_backsteps(path) or path.startswith(".."):
+                errors.append(f"{source}.items[{j}].path {path!r} must be relative, without '..'")
+    return errors
+
+
+def _mount_errors(mounts: list[dict[str, Any]], volumes: set[str]) -> list[str]:
+    errors, paths = [], [m["mountPath"] for m in mounts]
+    for i, mount in enumerate(mounts):
+        if mount["name"] not in volumes:
+            errors.append(f"volumeMounts[{i}] names no volume of spec.pod.volumes: {mount['name']!r}")
+        if paths.count(mount["mountPath"]) > 1:
+            errors.append(f"volumeMounts[{i}].mountPath {mount['mountPath']!r} is mounted twice")
+        sub = mount.get("subPath") or ""
+        if sub.startswith("/") or _has_backsteps(sub):
+            errors.append(f"volumeMounts[{i}].subPath {sub!r} must be relative, without '..'")
+    return errors
+
+
+def _security_context_errors(context: dict[str, Any]) -> list[str]:
+    errors = []
+    if context.get("privileged") and context.get("allowPrivilegeEscalation") is False:
+        errors.append("securityContext: allowPrivilegeEscalation cannot be false when privileged is true")
+    seccomp = context.get("seccompProfile")
+    if seccomp and not (bool(seccomp.get("localhostProfile")) if seccomp["type"] == "Localhost"
+                        else "localhostProfile" not in seccomp):
+        errors.append("securityContext.seccompProfile.localhostProfile is set exactly when type is Localhost")
+    return errors
 
 
 def _service_account_errors(rtj: RTJ, allowed: frozenset[str] | None) -> list[str]:
@@ -465,5 +653,5 @@ RESERVED_ENV = frozenset({
     "RTJ_FT_HEARTBEAT_TIMEOUT", "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT", "RTJ_FT_MONITOR_INTERVAL",
     "RTJ_FT_MAX_RESTARTS", "RTJ_INPROCESS_ENABLED", "RTJ_INPROCESS_MAX_ITERATIONS",
     "RTJ_INPROCESS_SOFT_TIMEOUT", "RTJ_INPROCESS_HARD_TIMEOUT", "RTJ_UID", "RTJ_NCCL_TIMEOUT",
-    "RTJ_FT_MAX_NO_PROGRESS_CYCLES",
+    "RTJ_FT_MAX_NO_PROGRESS_CYCLES", "RTJ_GRACE_SECONDS", "RTJ_COORDINATOR",
 })

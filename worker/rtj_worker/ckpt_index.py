@@ -3,6 +3,7 @@
     <root>/step-<N>/               a committed step: DCP shards (__<rank>_0.distcp), .metadata, COMPLETE
     <root>/.tmp-<uid>-<token>-step-<N>/   a save in progress (never loaded)
     <root>/latest_checkpointed_iteration.txt   newest committed step, for NVRx 0.6's progress tracker
+    <root>/FINISHED-<uid>.json     training finished for this job, at that step (the entrypoint's exit 0)
 
 A step is committed by writing COMPLETE inside its temporary directory (after every rank's write
 succeeded) and renaming the directory: a crash leaves either the old step or the new one, never a
@@ -27,6 +28,7 @@ MARKER = "COMPLETE"
 # Left by rank 0 when every rank agreed that a committed step does not load: never tried or kept again.
 BAD = "UNLOADABLE"
 ITERATION_FILE = "latest_checkpointed_iteration.txt"
+FINISHED = "FINISHED-{uid}.json"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -36,6 +38,11 @@ def step_dir(root: Path, step: int) -> Path:
 
 def tmp_dir(root: Path, uid: str, token: str, step: int) -> Path:
     return root / f".tmp-{uid or 'local'}-{token}-step-{step:09d}"
+
+
+def step_of(tmp: Path) -> int:
+    """The step of a temporary save directory (tmp_dir)."""
+    return int(tmp.name.rsplit("-", 1)[1])
 
 
 def fsync_dir(path: Path) -> None:
@@ -161,3 +168,22 @@ def prune(root: Path, keep: int, uid: str) -> None:
             owner = None
         if owner == uid:
             shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def write_finished(root: Path, uid: str, step: int) -> None:
+    """Rank 0, after the final step was committed: training finished for job `uid` at `step`. One
+    file per uid, not result.json: jobs may share the directory."""
+    write_durable(root / FINISHED.format(uid=uid or "local"),
+                  json.dumps({"uid": uid, "step": step, "time": time.time()}))
+
+
+def finished(root: Path, uid: str) -> int | None:
+    """The step at which training finished for job `uid`, if it has: the marker must be this job's
+    and name the newest committed step (a later run that trained further, e.g. with more steps,
+    makes an older marker stale)."""
+    try:
+        meta = json.loads((root / FINISHED.format(uid=uid or "local")).read_text())
+        owner, step = str(meta["uid"]), int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if owner == uid and step == latest_step(root, uid) else None

@@ -1,24 +1,40 @@
 """`rtj-worker -- python -m rtj_worker.train ...`: what each pod of a ResilientTrainingJob runs.
 
 Reads the environment the operator sets (builders/job.py), waits (bounded) until node 0's DNS
-name resolves, then runs ft_launcher with the flags of the installed NVRx (rtj_worker.launch).
-Signals are passed through. The exit code and /dev/termination-log tell the operator what
-happened (rtj_worker.exit_codes):
+name resolves, then runs ft_launcher with the flags of the installed NVRx (rtj_worker.launch). The
+exit code and /dev/termination-log ({"exitCode", "reason", "checkpointStep"}) tell the operator what
+happened (rtj_worker.exit_codes); what ft_launcher says is read only from its own log records,
+never from a rank's output:
 
-- 0: training finished;
+- 0: training finished for this job: the reference trainer's completion marker for this RTJ uid
+  names the newest committed step (any other training command: this node's ranks all exited 0);
+  a standby whose gang finished exits 0 too;
 - 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
-- 65 PERMANENT_FAILURE: the script asked to stop for good, or NVRx 0.6's progress tracker refused
-  further restarts (no checkpoint progress over --ft-max-no-progress-cycles restarts);
+- 65 PERMANENT_FAILURE: the script asked to stop for good (a rank left a 'permanent' marker);
 - 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
-- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started;
+- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started, or a later
+  rendezvous round timed out (the peers this node trained with were lost and not replaced in time);
 - 72 RENDEZVOUS_HOST_LOST: ranks ran, then the rendezvous store on node 0 stopped answering (node 0
-  was lost or its pod ended): a peer's failure, which the operator does not charge to this pod.
+  was lost or its pod ended; NVRx 0.4.1's RendezvousConnectionError or 0.6's DistNetworkError): a
+  peer's failure, which the operator does not charge to this pod;
+- 73 NODE_UNHEALTHY: NVRx found this node unhealthy (health check, or a rank's ExcludeThisNode) and
+  its launcher left (0.4.1 and 0.6 then exit 0, 0.7 exits 1);
+- 74 GANG_STOPPED: ft_launcher exited 0 without training having finished: it left because the
+  gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
+- 75 NO_PROGRESS: NVRx's progress tracker refused further restarts (no checkpoint progress in
+  --ft-max-no-progress-cycles restarts), or NVRx 0.7's launcher exited 93 ("do not restart");
+- 128 + signal (143 SIGTERM, 130 SIGINT): the pod was told to stop. Whatever ft_launcher returned:
+  the entrypoint asks the ranks to save and stop (rtj_worker.stop) and forwards the signal to
+  ft_launcher (which forwards it to the ranks and SIGKILLs them after --term-timeout), and exits
+  once the launcher has, or at once while it waits for DNS. Everything fits in RTJ_GRACE_SECONDS
+  (the pod's terminationGracePeriodSeconds, 120 by default).
 
 No torch import here (about 6 s at every pod start): checkpoint steps come from ckpt_index.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,41 +46,66 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from . import exit_codes
-from .ckpt_index import latest_step
+from . import exit_codes, progress, stop
+from .ckpt_index import finished, latest_step
 from .launch import (
+    GROUP_FINISHED_LINE,
     NO_PROGRESS_LINE,
     RENDEZVOUS_DONE_LINES,
+    RENDEZVOUS_TIMEOUT_LINE,
     STORE_LOST_LINES,
+    UNHEALTHY_LINE,
     ConfigError,
     LaunchConfig,
     launcher_argv,
     launcher_env,
+    launcher_message,
+    nvrx_message,
+    runs_reference_trainer,
     training_command,
 )
+from .report import PodReporter, Tracker, sink_from_env
 
 __all__ = ["ConfigError", "LaunchConfig", "launcher_argv", "main", "run"]
 log = logging.getLogger("rtj_worker.entrypoint")
 TERMINATION_LOG = "/dev/termination-log"
 
 
-def wait_for_dns(host: str, timeout: float, interval: float = 2.0) -> bool:
-    """Headless Service records appear only once pods exist: wait for node 0's name."""
+def wait_for_dns(host: str, timeout: float, interval: float = 2.0, cancel: threading.Event | None = None) -> bool:
+    """Headless Service records appear only once pods exist: wait for node 0's name. Resolved in a
+    thread so that `cancel` (a signal) ends the wait at once: getaddrinfo may block for seconds."""
+    resolved, give_up = threading.Event(), threading.Event()
+
+    def resolve() -> None:
+        while not give_up.is_set():
+            try:
+                socket.getaddrinfo(host, None)
+                resolved.set()
+                return
+            except OSError:
+                give_up.wait(interval)
+
+    threading.Thread(target=resolve, name="rtj-dns", daemon=True).start()
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.getaddrinfo(host, None)
-            return True
-        except OSError:
-            if time.monotonic() >= deadline:
+    try:
+        while not resolved.wait(0.1):
+            if (cancel is not None and cancel.is_set()) or time.monotonic() >= deadline:
                 return False
-            time.sleep(interval)
+        return True
+    finally:
+        give_up.set()
 
 
 def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = TERMINATION_LOG,
-                      uid: str | None = None) -> None:
-    report = {"exitCode": code, "reason": reason, "checkpointStep": latest_step(Path(checkpoint_dir), uid)}
+                      uid: str | None = None, progress: dict[str, Any] | None = None) -> None:
+    """The exit report; with `progress`, the pod's last progress report (rtj_worker.report), which the
+    rate limit may not have published yet (the termination message holds 4096 bytes: both fit)."""
+    report: dict[str, Any] = {"exitCode": code, "reason": reason,
+                              "checkpointStep": latest_step(Path(checkpoint_dir), uid)}
+    if progress is not None:
+        report["progress"] = progress
     try:
         Path(path).write_text(json.dumps(report))
     except OSError:
@@ -72,9 +113,7 @@ def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = T
     log.info("exit %d: %s", code, reason)
 
 
-def ranks_running(launcher_pid: int, command: list[str]) -> bool:
-    """Whether a descendant of the launcher runs the training command: ft_launcher starts ranks only
-    once the rendezvous has completed, so this tells "started" from "never joined"."""
+def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -82,26 +121,49 @@ def ranks_running(launcher_pid: int, command: list[str]) -> bool:
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue
-    wanted = "\0".join(command).encode()
-    todo = list(children.get(launcher_pid, []))
+    found, todo = [], list(children.get(pid, []))
     while todo:
-        pid = todo.pop()
+        child = todo.pop()
+        found.append(child)
+        todo += children.get(child, [])
+    return found
+
+
+def ranks_running(launcher_pid: int, command: list[str]) -> bool:
+    """Whether a descendant of the launcher runs the training command: ft_launcher starts ranks only
+    once the rendezvous has completed, so this tells "started" from "never joined"."""
+    wanted = "\0".join(command).encode()
+    for pid in descendants(launcher_pid):
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == wanted:
                 return True
         except OSError:
             pass
-        todo += children.get(pid, [])
     return False
+
+
+def kill_all(pgid: int, pids: list[int], sig: int = signal.SIGKILL) -> None:
+    """The launcher's process group (itself, its rank monitors) and `pids` (ranks run in sessions of
+    their own, out of that group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 class LauncherWatch:
     """Copies the launcher's output to ours and notes what it says about rendezvous and restarts."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]):
+    def __init__(self, proc: subprocess.Popen[bytes], tracker: Tracker | None = None):
+        self.tracker = tracker
         self.started = False
         self.no_progress = False
         self.store_lost = False
+        self.rendezvous_timed_out = False
+        self.unhealthy = False
+        self.group_finished = False
+        self._pid = proc.pid
         self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
         self._thread.start()
 
@@ -114,22 +176,94 @@ class LauncherWatch:
             line = raw.decode(errors="replace")
             if any(marker in line for marker in RENDEZVOUS_DONE_LINES):
                 self.started = True
-            if NO_PROGRESS_LINE in line:
-                self.no_progress = True
-            if any(marker in line for marker in STORE_LOST_LINES):
-                self.store_lost = True
+            if self.tracker is not None and (record := nvrx_message(line, self._pid)) is not None:
+                self.tracker.launcher_line(record)
+            message = launcher_message(line, self._pid)
+            if message is None:
+                continue
+            self.no_progress = self.no_progress or NO_PROGRESS_LINE in message
+            self.store_lost = self.store_lost or any(marker in message for marker in STORE_LOST_LINES)
+            self.rendezvous_timed_out = self.rendezvous_timed_out or RENDEZVOUS_TIMEOUT_LINE in message
+            self.unhealthy = self.unhealthy or UNHEALTHY_LINE in message
+            self.group_finished = self.group_finished or GROUP_FINISHED_LINE in message
 
     def join(self, timeout: float = 10) -> None:
         self._thread.join(timeout)
 
 
+class Shutdown:
+    """SIGTERM/SIGINT: remembered (the exit code is 128 + signal whatever ft_launcher returns), the
+    ranks asked to save and stop (rtj_worker.stop), then forwarded to ft_launcher.
+
+    Forwarded to the launcher alone first: its rank monitors share its process group, and the ranks
+    heartbeat to them while they save; the launcher stops them itself once the ranks have exited.
+    What is left of the group when the launcher is gone (it dies of the signal before its first
+    rendezvous) is killed after it. A second signal kills everything at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+        self.cancel = threading.Event()
+        self.state_dir: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.rank_stop_seconds = 0.0
+        self._forwarded = False
+        self._previous = {sig: signal.signal(sig, self) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.signum is not None:
+            if self.proc is not None:
+                kill_all(self.proc.pid, descendants(self.proc.pid))
+            return
+        self.signum, self.at = signum, time.monotonic()
+        log.warning("received %s", self.name)
+        self.cancel.set()
+        self.forward()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def attach(self, proc: subprocess.Popen[bytes], state_dir: Path, rank_stop_seconds: float) -> None:
+        self.state_dir, self.rank_stop_seconds = state_dir, rank_stop_seconds
+        self.proc = proc
+        self.forward()  # a signal that came while it was starting
+
+    def forward(self) -> None:
+        if self.signum is None or self.proc is None or self._forwarded:
+            return
+        self._forwarded = True
+        if self.state_dir is not None:
+            stop.request(self.state_dir, self.signum, time.time() + self.rank_stop_seconds)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(self.signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def run(command: list[str], env: dict[str, str]) -> int:
     termination = env.get("RTJ_TERMINATION_LOG", TERMINATION_LOG)
     uid = env.get("RTJ_UID") or None
+    shutdown = Shutdown()  # first: a signal may come at any time
+    try:
+        return _run(command, env, shutdown, termination, uid)
+    finally:
+        shutdown.restore()
+
+
+def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, termination: str, uid: str | None) -> int:
+    reporter: PodReporter | None = None
 
     def finish(code: int, reason: str, checkpoint_dir: str) -> int:
-        write_termination(code, reason, checkpoint_dir, termination, uid)
+        write_termination(code, reason, checkpoint_dir, termination, uid,
+                          reporter.stop() if reporter is not None else None)
         return code
+
+    def stopped(checkpoint_dir: str, what: str) -> int:
+        assert shutdown.signum is not None
+        return finish(128 + shutdown.signum, f"received {shutdown.name} {what}", checkpoint_dir)
 
     try:
         cfg = LaunchConfig.from_env(env)
@@ -138,29 +272,46 @@ def run(command: list[str], env: dict[str, str]) -> int:
         child_env = launcher_env(cfg, env)
     except ConfigError as exc:
         return finish(exit_codes.CONFIG_ERROR, str(exc), env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"))
-    if not wait_for_dns(cfg.rdzv_host, cfg.rdzv_timeout):
+    log.info("waiting for %s to resolve", cfg.rdzv_host)
+    resolved = wait_for_dns(cfg.rdzv_host, cfg.rdzv_timeout, cancel=shutdown.cancel)
+    if shutdown.signum is not None:
+        return stopped(cfg.checkpoint_dir, f"while waiting for {cfg.rdzv_host} (node 0) to resolve: "
+                       "ft_launcher was not started")
+    if not resolved:
         return finish(exit_codes.RENDEZVOUS_FAILED, f"{cfg.rdzv_host} did not resolve within "
                       f"{cfg.rdzv_timeout}s", cfg.checkpoint_dir)
 
-    # Ranks leave a 'permanent' marker here to stop for good (rtj_worker.events.mark).
+    # Ranks leave a 'permanent' marker here to stop for good (rtj_worker.events.mark); the entrypoint
+    # leaves a 'stopping' request for them (rtj_worker.stop).
     state_dir = Path(env.get("RTJ_STATE_DIR") or tempfile.mkdtemp(prefix="rtj-state-"))
     state_dir.mkdir(parents=True, exist_ok=True)
+    for name in (stop.STOPPING, progress.PROGRESS, progress.EVENTS):
+        (state_dir / name).unlink(missing_ok=True)
     child_env["RTJ_STATE_DIR"] = str(state_dir)
+    if shutdown.signum is not None:
+        return stopped(cfg.checkpoint_dir, "before ft_launcher was started")
+    # The pod's one writer of its progress: what its ranks and its launcher say, coalesced.
+    tracker = Tracker(state_dir)
+    reporter = PodReporter(tracker, sink_from_env(env)).start()
     log.info("starting: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    watch = LauncherWatch(proc)
-
-    def forward(signum: int, _frame: object) -> None:
-        # ft_launcher stops its workers and rank monitors on SIGTERM.
-        proc.send_signal(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    watch = LauncherWatch(proc, tracker)
+    shutdown.attach(proc, state_dir, cfg.rank_stop_seconds)
     permanent = state_dir / "permanent"
     started = False
+    started_at_signal: bool | None = None
+    killed = False
     while proc.poll() is None:
-        if permanent.exists():
+        if shutdown.signum is not None:
+            if started_at_signal is None:
+                started_at_signal = started or watch.started
+            if time.monotonic() - shutdown.at > cfg.hard_stop_seconds:
+                # The launcher outlived its own --term-timeout: report before the kubelet's SIGKILL.
+                kill_all(proc.pid, descendants(proc.pid))
+                killed = True
+                break
+        elif permanent.exists():
             # Restarting would fail the same way: stop the launcher instead of spending its budget.
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -173,20 +324,49 @@ def run(command: list[str], env: dict[str, str]) -> int:
     code = proc.wait()
     watch.join()
     started = started or watch.started
+    if shutdown.signum is not None:
+        kill_all(proc.pid, [])  # what the launcher left in its group (it died of the signal)
+        started_at_signal = started if started_at_signal is None else started_at_signal
+        phase = ("with ranks running: they were asked to save and stop" if started_at_signal
+                 else "during the rendezvous: no rank had started")
+        end = (f"ft_launcher did not stop within {cfg.hard_stop_seconds:g}s and was killed" if killed
+               else f"ft_launcher exited {code}")
+        return stopped(cfg.checkpoint_dir, f"{phase}; {end}")
     if permanent.exists():
         return finish(exit_codes.PERMANENT_FAILURE, permanent.read_text().strip() or "permanent failure",
                       cfg.checkpoint_dir)
+    if watch.unhealthy:
+        return finish(exit_codes.NODE_UNHEALTHY, f"ft_launcher exited {code}: NVRx found this node unhealthy "
+                      "(health check or a rank's ExcludeThisNode request)", cfg.checkpoint_dir)
     if code == 0:
-        return finish(exit_codes.OK, "training finished", cfg.checkpoint_dir)
+        if finished(Path(cfg.checkpoint_dir), cfg.uid) is not None:
+            return finish(exit_codes.OK, "training finished", cfg.checkpoint_dir)
+        if watch.group_finished and not runs_reference_trainer(command):
+            # A script of the user's cannot be expected to leave rtj_worker's marker: its ranks' word.
+            return finish(exit_codes.OK, "training finished (every rank of this node exited 0)", cfg.checkpoint_dir)
+        return finish(exit_codes.GANG_STOPPED, "ft_launcher exited 0 but training has not finished for this job "
+                      f"(no completion marker for uid {cfg.uid!r} at the newest checkpoint): the gang stopped "
+                      "(rendezvous closed, or this node was a standby)", cfg.checkpoint_dir)
     if watch.no_progress:
-        return finish(exit_codes.PERMANENT_FAILURE, f"ft_launcher stopped restarting: no checkpoint progress in "
-                      f"{cfg.max_no_progress_cycles} consecutive restart cycles", cfg.checkpoint_dir)
+        return finish(exit_codes.NO_PROGRESS, f"ft_launcher exited {code}: it stopped restarting, no checkpoint "
+                      f"progress in {cfg.max_no_progress_cycles} consecutive restart cycles", cfg.checkpoint_dir)
+    if code == exit_codes.NVRX_DO_NOT_RESTART:
+        return finish(exit_codes.NO_PROGRESS, f"ft_launcher exited {code}: NVRx decided not to restart (no "
+                      "checkpoint progress, or its failure attribution)", cfg.checkpoint_dir)
     if not started:
         return finish(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code} before any rank started "
                       "(rendezvous did not complete)", cfg.checkpoint_dir)
-    if watch.store_lost and cfg.node_rank != 0:
+    if watch.store_lost and not cfg.hosts_store:
+        host = "the coordinator" if cfg.coordinator else "node 0"
         return finish(exit_codes.RENDEZVOUS_HOST_LOST, f"ft_launcher exited {code}: the rendezvous store on "
-                      f"{cfg.rdzv_host} (node 0) stopped answering", cfg.checkpoint_dir)
+                      f"{cfg.rdzv_host} ({host}) stopped answering", cfg.checkpoint_dir)
+    if watch.rendezvous_timed_out:
+        # Its ranks ran, then the peers were lost and no replacement joined within the timeout: the
+        # rendezvous failed, as for a gang that never met (excused while the platform's fault that took
+        # the peers is being recovered, e.g. its replacement waiting for capacity), not its ranks.
+        return finish(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code}: its ranks had run, then a "
+                      f"rendezvous round did not complete within {cfg.rdzv_timeout}s (peers lost and not "
+                      "replaced in time)", cfg.checkpoint_dir)
     return finish(exit_codes.LAUNCHER_BUDGET_EXHAUSTED, f"ft_launcher exited {code} after spending its "
                   f"{cfg.max_restarts} restarts", cfg.checkpoint_dir)
 

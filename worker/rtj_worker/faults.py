@@ -3,6 +3,12 @@
 - exc:     raise in the step (soft fault; in-process restart recovers it),
 - sigkill: SIGKILL the rank (hard fault; ft_launcher respawns the workers),
 - hang:    stop making progress and heartbeats (the rank monitor times out, then respawn),
+- stall:   the step's collective does not complete for 3x the in-process hard timeout: what a peer that
+           never joins looks like to this rank. On CUDA a kernel spins ahead of the collective on the
+           stream, so its work is pending for NCCL's watchdog and the host blocks in a native call
+           (reading the loss) like in a hung NCCL collective; on CPU the host blocks in a native sleep.
+           inprocess.Wrapper's soft timeout cannot interrupt it, its hard timeout terminates the rank
+           (ft_launcher respawns it), unless NCCL's watchdog is set to act first,
 - nan:     make the loss NaN (a permanent failure: the job must stop, not restart).
 
 Each fault fires once per job: a marker on the shared volume keeps a resumed run from
@@ -20,7 +26,7 @@ from pathlib import Path
 
 from . import events
 
-KINDS = ("exc", "sigkill", "hang", "nan")
+KINDS = ("exc", "sigkill", "hang", "stall", "nan")
 
 
 class InjectedFault(RuntimeError):
@@ -65,6 +71,23 @@ def maybe_inject(faults: list[Fault], rank: int, step: int, marker_dir: Path) ->
         if fault.kind == "hang":
             while True:
                 time.sleep(3600)
+        if fault.kind == "stall":
+            stall(3 * float(os.environ.get("RTJ_INPROCESS_HARD_TIMEOUT", 55)))
         if fault.kind == "nan":
             return True
     return False
+
+
+def stall(seconds: float) -> None:
+    """See KINDS' "stall"."""
+    import torch  # only here: parsing --fault needs no torch
+
+    if not torch.cuda.is_available():
+        time.sleep(seconds)  # one native call: no Python bytecode runs in this thread until it returns
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10**7)  # calibrate the spin kernel: cycles per millisecond
+    end.record()
+    end.synchronize()
+    torch.cuda._sleep(int(1e7 / start.elapsed_time(end) * seconds * 1000))

@@ -18,10 +18,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NVRX = "nvidia-resiliency-ext"
-# Logged by NVRx 0.6 when its progress tracker refuses further restarts (the launcher then exits 1).
+# What ft_launcher logs about itself (launcher_message() picks its own records out of the output it
+# shares with the ranks: a rank's traceback may name the same exceptions).
+# NVRx 0.6, when its progress tracker refuses further restarts (the launcher then exits 1).
 NO_PROGRESS_LINE = "Progress tracker detected no progress across restarts"
-# Logged by the torch elastic agent when the c10d store (node 0's launcher) stops answering.
-STORE_LOST_LINES = ("RendezvousConnectionError", "The connection to the C10d store has failed")
+# When the c10d store (node 0's launcher) stops answering: torch's error with 0.4.1 (and when the
+# first connection fails); with 0.6 the store client's own error.
+STORE_LOST_LINES = ("RendezvousConnectionError", "The connection to the C10d store has failed",
+                    "Agent .run() raised exception, e=DistNetworkError(")
+# A rendezvous round that did not complete within join_timeout (0.4.1 and 0.6 log the agent's exception so):
+# after its ranks had run, this node's peers were lost and not replaced in time.
+RENDEZVOUS_TIMEOUT_LINE = "Agent .run() raised exception, e=RendezvousTimeoutError("
+# A failed GPU/NIC health check or a rank's ExcludeThisNode request. NVRx logs "Agent .run() raised
+# UnhealthyNodeException" and exits 0 when it catches it, but the rendezvous raises the class of
+# the module nvidia_resiliency_ext.fault_tolerance.launcher while `-m` runs that file as __main__: the
+# launcher then logs "raised exception, e=UnhealthyNodeException(" and exits 1 (0.4.1 and 0.6).
+UNHEALTHY_LINE = "UnhealthyNodeException"
+# This node's ranks all exited 0.
+GROUP_FINISHED_LINE = "worker group successfully finished"
+# The launcher's log records: 0.4.1 "[time] [LEVEL] [ft_launcher<pid>@host] msg" (the pid is the
+# launcher's, or a process it forked), 0.6 "time [LEVEL] [host] [workload:.. infra:..] launcher.py:N msg".
+_LAUNCHER_RECORD = (re.compile(r"^\[[^\]]+\] \[[A-Z]+\] \[ft_launcher(?P<pid>\d+)@[^\]]*\] (?P<msg>.*)"),
+                    re.compile(r"^\S+ \S+ \[[A-Z]+\] \[[^\]]*\] \[workload:[^\]]*\] launcher\.py:\d+ (?P<msg>.*)"))
+# Any record of the launcher's process tree (its elastic agent, torch's multiprocessing, the rank monitors),
+# for the pod's report (rtj_worker.report): 0.4.1 "[time] [LEVEL] [ft_launcher<pid>@host] msg" and
+# "[...] [RankMonServer<pid>@host:<local rank>] msg"; 0.6 "time [LEVEL] [host] [workload:..] <file>.py:N msg";
+# torch's glog lines "E1203 15:36:39.362000 <pid> <file>.py:N] msg" of the launcher's own pid.
+_NVRX_RECORD = (re.compile(r"^\[[^\]]+\] \[[A-Z]+\] \[(?:ft_launcher|RankMonServer)\d+@[^\]]*\] (?P<msg>.*)"),
+                re.compile(r"^\S+ \S+ \[[A-Z]+\] \[[^\]]*\] \[workload:[^\]]*\] \S+\.py:\d+ (?P<msg>.*)"),
+                re.compile(r"^[IWEF]\d{4} \S+ +(?P<pid>\d+) \S+\.py:\d+\] (?P<msg>.*)"))
 # Logged by the torch elastic agent once the rendezvous has completed and ranks are being started.
 RENDEZVOUS_DONE_LINES = ("Rendezvous complete for workers", "has joined round", "Event: rendezvous_completed",
                          "exited with non-zero exit code")
@@ -56,6 +81,25 @@ class LaunchConfig:
     checkpoint_dir: str
     max_no_progress_cycles: int
     uid: str
+    grace_seconds: float = 120
+    # The rendezvous and the ranks' stores are the coordinator pod's (every launcher a client), not node 0's.
+    coordinator: bool = False
+
+    # Bounds of a stop, from the pod's termination grace period (terminationGracePeriodSeconds; the
+    # kubelet SIGKILLs the pod when it ends): the ranks save and exit by `rank_stop_seconds`,
+    # ft_launcher SIGKILLs the ones left at `term_timeout` (its default is 1800 s), and the entrypoint
+    # kills what is left and reports at `hard_stop_seconds`.
+    @property
+    def term_timeout(self) -> float:
+        return max(2.0, self.grace_seconds - 20)
+
+    @property
+    def rank_stop_seconds(self) -> float:
+        return max(1.0, self.term_timeout - 10)
+
+    @property
+    def hard_stop_seconds(self) -> float:
+        return max(self.term_timeout + 1, self.grace_seconds - 10)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LaunchConfig:
@@ -80,6 +124,8 @@ class LaunchConfig:
                 checkpoint_dir=env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"),
                 max_no_progress_cycles=int(env.get("RTJ_FT_MAX_NO_PROGRESS_CYCLES", "3")),
                 uid=env.get("RTJ_UID", ""),
+                grace_seconds=float(env.get("RTJ_GRACE_SECONDS", "120")),
+                coordinator=env.get("RTJ_COORDINATOR") == "1",
             )
         except ValueError as exc:
             raise ConfigError(f"bad numeric setting: {exc}") from None
@@ -91,6 +137,16 @@ class LaunchConfig:
         if cfg.heartbeat_timeout <= cfg.monitor_interval:
             raise ConfigError("RTJ_FT_HEARTBEAT_TIMEOUT must exceed RTJ_FT_MONITOR_INTERVAL")
         return cfg
+
+    @property
+    def spares(self) -> int:
+        low, _, high = self.nnodes.partition(":")
+        return int(high or low) - int(low)
+
+    @property
+    def hosts_store(self) -> bool:
+        """Whether this node's launcher hosts the rendezvous store (and its ranks the ranks' stores)."""
+        return self.node_rank == 0 and not self.coordinator
 
     @property
     def rdzv_host(self) -> str:
@@ -161,6 +217,10 @@ def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int
     command lands in ft_launcher's positional training script and its REMAINDER arguments, so a
     user's `--max-restarts` or `--rdzv-endpoint` reaches the script, never the launcher."""
     version = version or nvrx_version()
+    if cfg.spares and version < (0, 6):
+        raise ConfigError(f"nodes.spares ({cfg.spares}) needs NVRx 0.6 in the image (its barrier rendezvous keeps "
+                          f"spares waiting); this image has {'.'.join(map(str, version))}, whose rendezvous would "
+                          "train on every node that joins")
     argv = [
         sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
         f"--nnodes={cfg.nnodes}",
@@ -168,8 +228,9 @@ def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         f"--rdzv-id={cfg.rdzv_id}",
-        # Node 0 hosts the c10d store; naming it avoids relying on hostname matching in pods.
-        f"--rdzv-conf=is_host={1 if cfg.node_rank == 0 else 0},join_timeout={cfg.rdzv_timeout}",
+        # Who hosts the c10d store (node 0, or none: the coordinator does); named, so that no hostname
+        # matching in pods decides it.
+        f"--rdzv-conf=is_host={1 if cfg.hosts_store else 0},join_timeout={cfg.rdzv_timeout}",
         f"--max-restarts={cfg.max_restarts}",
         f"--monitor-interval={cfg.monitor_interval:g}",
         f"--ft-rank-heartbeat-timeout={cfg.heartbeat_timeout:g}",
@@ -177,6 +238,11 @@ def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int
         f"--ft-workload-check-interval={cfg.monitor_interval:g}",
         # The NIC monitor watches InfiniBand link counters; p5 uses EFA, and CPU runs have neither.
         "--ft-enable-nic-monitor=False",
+        # A forwarded SIGTERM: the ranks get until term_timeout to save and exit, then SIGKILL, before
+        # the kubelet's SIGKILL at the end of the grace period. Stopping ranks for a restart: they
+        # exit at once (rtj_worker.stop), so this only bounds it, below term_timeout too.
+        f"--term-timeout={cfg.term_timeout:g}",
+        f"--workers-stop-timeout={min(15.0, cfg.term_timeout):g}",
     ]
     if version >= (0, 6):
         argv += [
@@ -193,6 +259,29 @@ def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int
             f"--ft-max-no-progress-cycles={cfg.max_no_progress_cycles}",
         ]
     return [*argv, "--no-python", *command]
+
+
+def launcher_message(line: str, launcher_pid: int) -> str | None:
+    """The message of one of ft_launcher's own log records, None for anything else (a rank's output)."""
+    for pattern in _LAUNCHER_RECORD:
+        match = pattern.match(line)
+        if match and match.groupdict().get("pid") in (None, str(launcher_pid)):
+            return match.group("msg")
+    return None
+
+
+def nvrx_message(line: str, launcher_pid: int) -> str | None:
+    """The message of a record of ft_launcher, its rank monitors or its torch agent; None for a rank's output."""
+    for pattern in _NVRX_RECORD:
+        match = pattern.match(line)
+        if match and match.groupdict().get("pid") in (None, str(launcher_pid)):
+            return match.group("msg")
+    return None
+
+
+def runs_reference_trainer(command: list[str]) -> bool:
+    """Whether the command runs rtj_worker.train, which proves completion with a marker."""
+    return any(arg in ("rtj_worker.train", "-mrtj_worker.train") for arg in command)
 
 
 def launcher_env(cfg: LaunchConfig, env: Mapping[str, str], version: tuple[int, int] | None = None) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Run the worker entrypoint locally, as one pod would: one ft_launcher, N CPU ranks, loopback
-rendezvous. Used by tests/test_worker.py and bench/recovery.py."""
+rendezvous. Used by tests/worker/test_worker.py and bench/recovery.py."""
 
 from __future__ import annotations
 
@@ -68,10 +68,11 @@ class LocalRun:
     code: int
     timeline: list[dict[str, Any]]
     report: dict[str, Any]
+    name: str = ""
 
     @property
     def log(self) -> str:
-        return (self.workdir / "worker.log").read_text()
+        return (self.workdir / f"worker{self.name}.log").read_text()
 
     def result(self) -> dict[str, Any]:
         return json.loads((self.workdir / "ckpt" / "result.json").read_text())
@@ -79,14 +80,66 @@ class LocalRun:
     def starts(self) -> list[dict[str, Any]]:
         return [e for e in self.timeline if e["event"] == "start"]
 
+    @property
+    def progress(self) -> dict[str, Any]:
+        """The pod's last progress report, as its termination message carries it."""
+        return dict(self.report.get("progress") or {})
+
+    def conditions(self) -> list[dict[str, Any]]:
+        """The rtj.dev/Progress conditions the pod would have written, in order."""
+        path = self.workdir / f"report{self.name}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@dataclass
+class LocalNode:
+    """A running `rtj-worker` (one pod); `name` tells the files of several in one workdir apart."""
+
+    workdir: Path
+    proc: subprocess.Popen[bytes]
+    name: str = ""
+
+    def timeline(self) -> list[dict[str, Any]]:
+        return events.read(self.workdir / "events.jsonl")
+
+    def wait(self, timeout: float = 300) -> LocalRun:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        report_file = self.workdir / f"termination-log{self.name}"
+        report = json.loads(report_file.read_text()) if report_file.exists() else {}
+        return LocalRun(self.workdir, code, self.timeline(), report, self.name)
+
+    def kill(self) -> None:
+        """SIGKILL the pod's every process (a lost node): the entrypoint, its launcher and ranks."""
+        from .entrypoint import descendants  # no torch there
+
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        self.proc.wait()
+
+
+def start(workdir: Path, train_args: list[str], name: str = "", command: list[str] | None = None,
+          **env: Any) -> LocalNode:
+    """`rtj-worker -- python -m rtj_worker.train ...` (or `command`) in `workdir`, not waited for."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = Path(sys.executable).with_name("rtj-worker")
+    # Without the console script (the package on PYTHONPATH, not installed: the GPU check's image), the
+    # same entrypoint as a module.
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "rtj_worker.entrypoint"]
+    command = command or ["python", "-m", "rtj_worker.train"]
+    # What the pod would publish as its rtj.dev/Progress condition (rtj_worker.report), one JSON line each.
+    env = {"RTJ_TERMINATION_LOG": str(workdir / f"termination-log{name}"),
+           "RTJ_REPORT_FILE": str(workdir / f"report{name}.jsonl"), **env}
+    with open(workdir / f"worker{name}.log", "w") as log:
+        proc = subprocess.Popen([*entry, "--", *command, *train_args], env=local_env(workdir, **env),
+                                stdout=log, stderr=subprocess.STDOUT)
+    return LocalNode(workdir, proc, name)
+
 
 def launch(workdir: Path, train_args: list[str], timeout: float = 300, **env: Any) -> LocalRun:
     """`rtj-worker -- python -m rtj_worker.train ...` in `workdir`; blocks until it exits."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    entry = Path(sys.executable).with_name("rtj-worker")
-    with open(workdir / "worker.log", "w") as log:
-        proc = subprocess.run([str(entry), "--", "python", "-m", "rtj_worker.train", *train_args],
-                              env=local_env(workdir, **env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    report_file = workdir / "termination-log"
-    report = json.loads(report_file.read_text()) if report_file.exists() else {}
-    return LocalRun(workdir, proc.returncode, events.read(workdir / "events.jsonl"), report)
+    return start(workdir, train_args, **env).wait(timeout)

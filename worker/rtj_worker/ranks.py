@@ -1,7 +1,8 @@
 """Deterministic ranks and ports, independent of the launcher's choices.
 
-- Ports: the operator reserves three consecutive ports on node 0 (rendezvousPort = P): P is the
-  launcher's c10d rendezvous store, P+1 the training processes' store, P+2 inprocess.Wrapper's store.
+- Ports: the operator reserves three consecutive ports on node 0, or on the coordinator pod
+  (rendezvousPort = P): P is the launcher's c10d rendezvous store, P+1 the training processes' store,
+  P+2 inprocess.Wrapper's store.
   ft_launcher overwrites MASTER_ADDR/MASTER_PORT in the ranks' environment with its own choice (a
   free port on whichever host it picked), so the stores are found from RTJ_RDZV_ENDPOINT instead.
 - Ranks: the c10d rendezvous orders nodes by their host names as strings ("-10" before "-2"); the
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -32,6 +34,12 @@ def store_endpoint(env: Mapping[str, str]) -> tuple[str, int]:
     return env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29400")) - 1
 
 
+def group_key(env: Mapping[str, str]) -> str:
+    """What names one worker group (one rendezvous round's ranks) alike on every rank: the address
+    ft_launcher picked for the group's own store at that rendezvous, with the gang attempt."""
+    return f"attempt{env.get('RTJ_ATTEMPT', '0')}/{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+
+
 def numeric_rank(store: KeyValueStore, rank: int, world_size: int, node_rank: int, local_rank: int,
                  prefix: str) -> int:
     """This process's rank when ranks are ordered by (node rank, local rank) as numbers.
@@ -45,3 +53,19 @@ def numeric_rank(store: KeyValueStore, rank: int, world_size: int, node_rank: in
         pairs.append(((int(node), int(local)), other))
     order = [launcher_rank for _, launcher_rank in sorted(pairs)]
     return order.index(rank)
+
+
+def own_address(peer: str, env: Mapping[str, str]) -> str:
+    """This host's address as other nodes reach it (a service this rank runs, e.g. the checkpoint
+    writers' store when it is rank 0): RTJ_POD_IP when set (the pod's IP, from the downward API), else
+    the source address of this host's route to `peer` (the stores' host: the coordinator pod, or node
+    0 without one; connecting a UDP socket sends nothing), else its fully qualified name."""
+    if env.get("RTJ_POD_IP"):
+        return env["RTJ_POD_IP"]
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(sockaddr)
+            return str(sock.getsockname()[0])
+    except OSError:
+        return socket.getfqdn()

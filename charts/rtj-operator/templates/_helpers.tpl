@@ -47,7 +47,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 What the operator does in the namespaces it watches; every verb is one the operator uses
-(tests/test_chart.py checks these rules against the API calls of a full scenario).
+(tests/cluster/test_chart.py checks these rules against the API calls of a full scenario).
 */}}
 {{- define "rtj-operator.namespacedRules" -}}
 - apiGroups: ["training.rtj.dev"]
@@ -59,26 +59,37 @@ What the operator does in the namespaces it watches; every verb is one the opera
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# create: the gang's coordinator pod (the rendezvous and the ranks' stores). patch: a new worker pod's
+# scheduling gate is removed (and the job's excluded nodes added to its node affinity) before it is placed.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
-# A pod on a node lost past the grace period is evicted (DisruptionTarget, not charged to the Job's
-# backoffLimit); one then stuck Terminating there is marked Failed before it is deleted, as PodGC does.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A pod on a node lost past the grace period is evicted (DisruptionTarget: the Job's pod failure policy
+# ignores it). One then stuck Terminating there is, once the node is fenced (Node deleted, out-of-service
+# taint, or its EC2 instance stopped with fencing.ec2), marked Failed with a DisruptionTarget condition
+# (pods/status, UID-guarded) before it is deleted, as PodGC does: a pod deleted while not terminal
+# counts as a failure of its index; one marked Failed as a disruption does not.
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
+# Services and PVCs are watched (their own labels select them) so that passes read no object.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# Kueue (only for RTJs with a queue): the Workload of the gang's Job is read (admission, eviction) and
+# deactivated for spec.suspend or a failed job (Kueue's own way to stop a gang it admitted).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped reads: node health decides the recovery tier. */}}

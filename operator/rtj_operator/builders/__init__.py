@@ -1,8 +1,10 @@
 """Pure builders: an RTJ in, a manifest dict out. No I/O, deterministic names."""
 
+from .coordinator import build_coordinator
 from .job import build_job
-from .names import job_name, pvc_name, service_name
+from .names import coordinator_name, job_name, pvc_name, service_name
 from .pvc import build_pvc
 from .service import build_service
 
-__all__ = ["build_job", "build_pvc", "build_service", "job_name", "pvc_name", "service_name"]
+__all__ = ["build_coordinator", "build_job", "build_pvc", "build_service", "coordinator_name", "job_name", "pvc_name",
+           "service_name"]

@@ -10,8 +10,9 @@ from typing import Any
 from rtj_worker import exit_codes
 
 from .. import api
-from ..spec import RTJ
+from ..spec import RTJ, nccl_timeout
 from .names import job_name, labels, pvc_name, rendezvous_host, selector_labels, service_name
+from .pod import extra_mounts, extra_volumes, pod_metadata, worker_pod_fields
 
 CONTAINER = "worker"
 GPU = "nvidia.com/gpu"
@@ -20,7 +21,9 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 # Enough for in-flight async checkpoints to finalize after SIGTERM.
 GRACE_SECONDS = 120
 # NVRx in-process restart with NCCL (NVRx known issues): NCCL errors must reach Python instead of
-# aborting on CUDA errors, and NVLink SHARP keeps state an in-process restart cannot reset.
+# aborting on CUDA errors, and NVLink SHARP keeps state an in-process restart cannot reset. The NCCL
+# watchdog stays on (ASYNC_ERROR_HANDLING=1, what ft_launcher sets too) as the last resort: its timeout
+# (ncclTimeoutSeconds) is longer than the in-process hard timeout, so it fires only on what that missed.
 NVRX_NCCL_ENV = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
                  ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
 # libfabric/NCCL over EFA on p5, as the NVRx reference deploys it (awsome-distributed-training
@@ -55,7 +58,11 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
     values = {
         "RTJ_NAME": rtj.name,
         "NNODES": str(rtj.nodes),
-        "RTJ_NNODES": f"{rtj.nodes_min}:{rtj.nodes_max}",
+        # ft_launcher's --nnodes=MIN:MAX: NVRx 0.6's barrier rendezvous trains on MIN nodes and keeps the
+        # others, up to MAX, as hot spares.
+        "RTJ_NNODES": f"{rtj.nodes}:{rtj.pods}",
+        # The rendezvous (P) and the ranks' stores (P+1, P+2) are the coordinator's: no node hosts them.
+        "RTJ_COORDINATOR": "1" if spec["coordinator"]["enabled"] else "0",
         "NPROC_PER_NODE": str(rtj.procs_per_node),
         "MASTER_ADDR": host,
         # For scripts run without ft_launcher (it sets its own MASTER_ADDR/PORT for ranks, so rtj_worker
@@ -77,9 +84,11 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         "RTJ_INPROCESS_MAX_ITERATIONS": str(ipr["maxIterations"]),
         "RTJ_INPROCESS_SOFT_TIMEOUT": str(ipr["softTimeoutSeconds"]),
         "RTJ_INPROCESS_HARD_TIMEOUT": str(ipr["hardTimeoutSeconds"]),
-        "RTJ_NCCL_TIMEOUT": str(res["ncclTimeoutSeconds"]),
+        "RTJ_NCCL_TIMEOUT": str(nccl_timeout(spec)),
         "RTJ_FT_MAX_NO_PROGRESS_CYCLES": str(res["maxNoProgressCycles"]),
         "RTJ_ATTEMPT": str(attempt),
+        # The pod's terminationGracePeriodSeconds: the worker stops its ranks (and saves) within it.
+        "RTJ_GRACE_SECONDS": str(GRACE_SECONDS),
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
@@ -121,16 +130,41 @@ def _resources(rtj: RTJ) -> dict[str, Any]:
     return resources
 
 
-def _affinity(rtj: RTJ) -> dict[str, Any]:
+def _affinity(rtj: RTJ, attempt: int) -> dict[str, Any]:
     affinity = copy.deepcopy(_as_dict(rtj.spec["placement"].get("affinity")))
+    workers = {**selector_labels(rtj), api.LABEL_COMPONENT: "workers"}
     # One pod per node: two ranks' pods on one node would fight over GPUs and EFA devices.
     affinity.setdefault("podAntiAffinity", {
         "requiredDuringSchedulingIgnoredDuringExecution": [{
-            "labelSelector": {"matchLabels": selector_labels(rtj)},
+            # The workers only: the coordinator is a small CPU pod, not a reason to leave a node unused.
+            "labelSelector": {"matchLabels": workers},
             "topologyKey": "kubernetes.io/hostname",
         }],
     })
+    topology = _as_dict(rtj.spec["placement"].get("topology"))
+    if topology.get("key") and not rtj.queue_name:
+        # Every pod with the gang's other pods of this attempt (an old gang's pods still terminating must
+        # not pin the new one): the scheduler places the first pod anywhere it fits (a required term
+        # its own labels match does not block the first pod) and the rest in that pod's domain. With a
+        # queue, Kueue's Topology Aware Scheduling places the gang as a whole instead (the annotations).
+        term = {"labelSelector": {"matchLabels": {**workers, api.LABEL_ATTEMPT: str(attempt)}},
+                "topologyKey": topology["key"]}
+        pod_affinity = affinity.setdefault("podAffinity", {})
+        if topology.get("mode", "Required") == "Required":
+            pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+        else:
+            pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+                {"weight": 100, "podAffinityTerm": term})
     return affinity
+
+
+def _template_annotations(rtj: RTJ) -> dict[str, str]:
+    topology = _as_dict(rtj.spec["placement"].get("topology"))
+    if not (topology.get("key") and rtj.queue_name):
+        return {}
+    key = api.KUEUE_REQUIRED_TOPOLOGY if topology.get("mode", "Required") == "Required" else \
+        api.KUEUE_PREFERRED_TOPOLOGY
+    return {key: topology["key"]}
 
 
 def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
@@ -151,16 +185,17 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
         "command": ["rtj-worker", "--", *spec["command"]],
         "env": _env(rtj, attempt),
         "resources": _resources(rtj),
-        # P: ft_launcher's rendezvous, P+1: the ranks' store, P+2: inprocess.Wrapper's store (node 0).
-        "ports": [{"name": name, "containerPort": spec["resiliency"]["rendezvousPort"] + offset}
-                  for offset, name in enumerate(("rendezvous", "store", "inprocess-store"))],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "checkpoints", "mountPath": spec["storage"]["mountPath"]},
+            *extra_mounts(rtj),
         ],
         # The worker writes its exit reason and last checkpoint step here for the operator.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if not spec["coordinator"]["enabled"]:
+        # P: ft_launcher's rendezvous, P+1: the ranks' store, P+2: inprocess.Wrapper's store, on node 0.
+        container["ports"] = rendezvous_ports(spec)
     if spec.get("args"):
         container["args"] = list(spec["args"])
     if spec["gpusPerNode"] > 0:
@@ -172,12 +207,16 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "nodeSelector": node_selector,
         "tolerations": _tolerations(rtj),
-        "affinity": _affinity(rtj),
+        "affinity": _affinity(rtj, attempt),
+        # Scheduled only once the operator applied the job's node exclusions (reconcile.release_gated).
+        "schedulingGates": [{"name": api.SCHEDULING_GATE}],
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec["shmSize"]}},
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc_name(rtj)}},
+            *extra_volumes(rtj),
         ],
+        **worker_pod_fields(rtj),
     }
     for key in ("serviceAccountName", "priorityClassName"):
         if spec.get(key):
@@ -185,52 +224,101 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
     return pod
 
 
+def rendezvous_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": name, "containerPort": spec["resiliency"]["rendezvousPort"] + offset}
+            for offset, name in enumerate(("rendezvous", "store", "inprocess-store"))]
+
+
 def _pod_failure_policy() -> dict[str, Any]:
+    # Rules are first-match (pkg/controller/job/pod_failure_policy.go): a drained or evicted pod is a
+    # disruption whatever its exit code, so the Ignore rule comes before FailJob.
     return {"rules": [
+        # Evictions, preemptions, node drains and PodGC's (or the operator's) forced failures are not the
+        # job's fault: the index is replaced, nothing is counted.
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         # Configuration errors fail fast: another pod would fail the same way.
         {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
                                               "values": sorted(exit_codes.PERMANENT)}},
-        # Evictions, preemptions and node drains are not the job's fault: replace, don't count.
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]}
 
 
+# The Job is a plain executor of the operator's decisions: it never fails on its own for failures the
+# operator excuses (a peer's exit after node 0 was lost, a survivor's exit while its replacement waits
+# for capacity). So no Job-wide backoffLimit (it defaults to MaxInt32 with per-index limits) and no
+# practical per-index limit; the operator's budgets (status) decide. Per-index mode is for what it
+# exposes: the Job controller's per-index replacement back-off, computable from each index's failed pod
+# (batch.kubernetes.io/job-index-failure-count and -ignored-failure-count; see ladder.replacement_due).
+PER_INDEX_LIMIT = 2**31 - 1
+
+
 def template_hash(job: dict[str, Any]) -> str:
-    """Hash of what a running Job cannot change in place (suspend and backoffLimit are patched)."""
-    spec = {k: v for k, v in job["spec"].items()
-            if k not in ("suspend", "parallelism", "completions", "backoffLimit")}
-    blob = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
+    """Hash of the pod template: what the user's spec decides and a running Job cannot change (a new
+    gang carries a change). The Job's own fields (policies, limits) are the operator's: a new operator
+    version that shapes them differently applies them at the next gang, never restarts a running one.
+    So is the operator's scheduling gate: a Job made before it had one keeps running (its pods are
+    scheduled ungated, without the node exclusions)."""
+    template = copy.deepcopy(job["spec"]["template"])
+    spec = template.get("spec") or {}
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != api.SCHEDULING_GATE]
+    if gates:
+        spec["schedulingGates"] = gates
+    else:
+        spec.pop("schedulingGates", None)
+    blob = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def build_job(rtj: RTJ, attempt: int = 1) -> dict[str, Any]:
     """The gang of `attempt`: recreated (attempt + 1) only when the whole gang must restart."""
-    nodes = rtj.nodes
+    pods = rtj.pods
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": job_name(rtj),
             "namespace": rtj.namespace,
-            "labels": labels(rtj, "workers"),
-            "annotations": {api.LABEL_ATTEMPT: str(attempt)},
+            # With a queue, Kueue admits the Job (its webhook suspends it at creation, its controller
+            # un-suspends it once the gang's quota is reserved).
+            "labels": {**labels(rtj, "workers"), **rtj.queue_labels},
+            "annotations": {api.LABEL_ATTEMPT: str(attempt), api.ANNOTATION_NODES: str(rtj.nodes)},
         },
         "spec": {
             "completionMode": "Indexed",
-            "completions": nodes,
-            "parallelism": nodes,
-            "suspend": bool(rtj.spec["suspend"]),
-            # A backstop above the operator's own budget (status.jobRestarts), so the operator decides
-            # first; disruptions are ignored by the pod failure policy. Patched in place when edited.
-            "backoffLimit": rtj.spec["restartBudget"]["maxRestarts"] + 1,
+            # Training nodes and spares: every index ends Succeeded once training has (a spare's worker
+            # exits 0 when the gang it waited for finished).
+            "completions": pods,
+            "parallelism": pods,
+            "suspend": bool(rtj.spec["suspend"] or rtj.queue_name),
+            "backoffLimitPerIndex": PER_INDEX_LIMIT,
             "podFailurePolicy": _pod_failure_policy(),
             # Never run two pods of one index at once: they would share a hostname in rendezvous.
             "podReplacementPolicy": "Failed",
             "template": {
-                "metadata": {"labels": {**labels(rtj, "workers"), api.LABEL_ATTEMPT: str(attempt)}},
+                "metadata": pod_metadata(rtj, {**labels(rtj, "workers"), api.LABEL_ATTEMPT: str(attempt)},
+                                         _template_annotations(rtj)),
                 "spec": _pod_spec(rtj, attempt),
             },
         },
     }
-    job["metadata"]["annotations"][api.ANNOTATION_SPEC_HASH] = template_hash(job)
+    if rtj.spares:
+        # N exits 0 end the job: the entrypoint exits 0 only once training finished, so a lost index
+        # whose replacement never got a node (the spare took its ranks) does not hold the Job open; the
+        # Job controller then stops whatever still runs (pkg/controller/job: SuccessCriteriaMet).
+        job["spec"]["successPolicy"] = {"rules": [{"succeededCount": rtj.nodes}]}
+    job["metadata"]["annotations"][api.ANNOTATION_TEMPLATE_HASH] = template_hash(job)
     return job
+
+
+def template_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """A pod of `job`'s template, as the Job controller would create it, for a server-side dry run: the
+    pod admission plugins (Priority, ServiceAccount, Pod Security) judge pods, never a Job's template,
+    so only a pod shows whether the gang's pods could be created at all."""
+    template = copy.deepcopy(job["spec"]["template"])
+    meta = template.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job['metadata']['name']}-probe", "namespace": job["metadata"]["namespace"],
+                     "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}},
+        "spec": template.get("spec") or {},
+    }

@@ -27,6 +27,13 @@ def labels(rtj: RTJ, component: str) -> dict[str, str]:
     return {**selector_labels(rtj), api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_COMPONENT: component}
 
 
+def coordinator_name(rtj: RTJ) -> str:
+    """The coordinator pod, and its hostname: '<name>-rdzv' fits a DNS label as '<name>-<index>' does."""
+    return f"{rtj.name}-rdzv"
+
+
 def rendezvous_host(rtj: RTJ) -> str:
-    """Stable DNS name of node 0: Indexed Job pods are '<job>-<index>' under the Service subdomain."""
-    return f"{job_name(rtj)}-0.{service_name(rtj)}.{rtj.namespace}.svc"
+    """Stable DNS name of whatever hosts the rendezvous: the coordinator pod, or node 0 (Indexed Job pods
+    are '<job>-<index>' under the Service subdomain)."""
+    host = coordinator_name(rtj) if rtj.spec["coordinator"]["enabled"] else f"{job_name(rtj)}-0"
+    return f"{host}.{service_name(rtj)}.{rtj.namespace}.svc"

@@ -1,0 +1,725 @@
+"""The recovery ladder as data: what a pod's, node's or Job's state means, who pays for it, what the
+operator does about it. Pure: no I/O, no clock (callers pass `now`); table-tested in
+tests/unit/test_ladder.py, exercised end to end in tests/cluster/test_recovery.py.
+
+Layers below the operator come first: in-process restart (inprocess.Wrapper) and worker respawn
+(ft_launcher) recover faults while the pod is alive, so a live pod on a healthy node is left alone.
+The operator acts only when a pod or its node is gone:
+
+- ReplacePod: one index is lost (the pod failed, was evicted, or its node died); the Job controller
+  makes the new pod. A pod on a node lost past restartBudget.nodeLossGraceSeconds is evicted
+  (DisruptionTarget: the Job's pod failure policy ignores it); one then stuck Terminating there
+  past terminatingTimeoutSeconds is failed and deleted as PodGC does.
+- GangRestart: the rendezvous cannot complete, the Job itself failed (or is about to), or the Job
+  controller's replacement back-off would outlast the rendezvous: the Job is recreated as the next
+  attempt.
+- Failed: a permanent failure, a spent budget, or restarts that make no checkpoint progress.
+
+Reading order: FINDINGS (what each kind of finding means), the tables that map what the API shows to
+a finding (EXIT_CODES, PLATFORM_POD_REASONS, waiting reasons), JOB_VERDICTS, BUDGETS; then the
+functions: classify (one pod), plan (a gang), attribute (one fault, one charge), over_budget.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rtj_worker import exit_codes
+
+from . import health
+from .conditions import parse_time
+
+# --- tiers, payers, actions -------------------------------------------------------------------------
+REPLACE_POD = "ReplacePod"
+GANG_RESTART = "GangRestart"
+TIERS = (REPLACE_POD, GANG_RESTART)
+# The layers inside the pods, which recover without the operator; the pods report them (progress.py).
+IN_PROCESS = "InProcess"
+LAUNCHER = "Launcher"
+IN_JOB_TIERS = (IN_PROCESS, LAUNCHER)
+ALL_TIERS = (*IN_JOB_TIERS, *TIERS)
+
+JOB = "job"  # counts against restartBudget.maxRestarts (status.jobRestarts)
+PLATFORM = "platform"  # counts against restartBudget.maxDisruptions (status.disruptions)
+NOBODY = "nobody"
+PEERS = "peers"  # decided by attribute(): a lost peer's node, the fault being recovered, or the job
+
+POD = "pod"  # a finding is charged once per pod (its uid)
+ATTEMPT = "attempt"  # once per gang attempt, however many pods report it
+
+EVICT = "evict"  # Eviction API: DisruptionTarget, then a graceful delete
+FORCE = "force"  # what PodGC does for orphans: phase Failed + DisruptionTarget, then delete now
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a kind of finding means for the job."""
+
+    tier: str | None  # the restart it needs (None: none)
+    payer: str  # JOB | PLATFORM | NOBODY | PEERS
+    once_per: str = POD
+    fails: bool = False  # the job cannot succeed: Failed at once
+
+
+# Finding kinds.
+JOB_FAILURE = "JobFailure"
+# The reason of a platform finding on a Ready node its health agent reports bad (health.py).
+UNHEALTHY = "NodeUnhealthy"
+PLATFORM_FAULT = "Platform"
+PERMANENT = "Permanent"
+RENDEZVOUS = "Rendezvous"
+PEER = "Peer"  # the pod's worker says a peer ended it: node 0's rendezvous store went away
+
+# The coordinator pod (it hosts the gang's rendezvous) is gone: the platform's doing (its node lost, an
+# eviction, a deletion) or its own failure. Either way the rendezvous is gone with it: a new gang.
+COORDINATOR_LOST = "CoordinatorLost"
+COORDINATOR_FAILED = "CoordinatorFailed"
+
+FINDINGS: dict[str, Meaning] = {
+    JOB_FAILURE: Meaning(REPLACE_POD, JOB),
+    PLATFORM_FAULT: Meaning(REPLACE_POD, PLATFORM),
+    PERMANENT: Meaning(None, NOBODY, fails=True),
+    RENDEZVOUS: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
+    PEER: Meaning(REPLACE_POD, PEERS),
+    COORDINATOR_LOST: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
+    COORDINATOR_FAILED: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
+}
+# A pass charges platform findings first and peer findings last: a peer's failure may be explained
+# by a lost node (or the coordinator) seen in the same pass.
+CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, JOB_FAILURE: 1, RENDEZVOUS: 1,
+                PERMANENT: 1, PEER: 2}
+
+# The worker's exit codes (rtj_worker.exit_codes, the contract with the entrypoint) -> (kind, reason).
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    exit_codes.CONFIG_ERROR: (PERMANENT, "ConfigError"),
+    exit_codes.PERMANENT_FAILURE: (PERMANENT, "PermanentFailure"),
+    exit_codes.LAUNCHER_BUDGET_EXHAUSTED: (JOB_FAILURE, "LauncherRestartsExhausted"),
+    exit_codes.RENDEZVOUS_FAILED: (RENDEZVOUS, "RendezvousFailed"),
+    exit_codes.RENDEZVOUS_HOST_LOST: (PEER, "RendezvousHostLost"),
+    # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
+    exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
+    exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),
+    # NVRx stopped restarting for lack of checkpoint progress: a new pod (often on another node) may
+    # progress; restartBudget.maxRestartsWithoutProgress decides, never the Job controller (FailJob).
+    exit_codes.NO_PROGRESS: (JOB_FAILURE, "LauncherNoProgress"),
+    # The entrypoint was sent SIGTERM/SIGINT with no deletion of its pod asked for (a node shutdown the
+    # kubelet did not report, a runtime stopping containers): not the job's doing.
+    exit_codes.SIGTERM: (PLATFORM_FAULT, "Terminated"),
+    exit_codes.SIGINT: (PLATFORM_FAULT, "Interrupted"),
+}
+# status.reason of a Failed pod the kubelet (or a controller) ended: the platform's doing.
+PLATFORM_POD_REASONS = frozenset({"Evicted", "Preempting", "Shutdown", "Terminated", "NodeLost"})
+# Waiting reasons no retry can fix.
+PERMANENT_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+# Pull errors and missing Secrets/ConfigMaps are often transient (a registry hiccup, a Secret created
+# a moment later): they count as permanent only after a grace period.
+WAITING_GRACE = {
+    "ImagePullBackOff": datetime.timedelta(minutes=5),
+    "ErrImagePull": datetime.timedelta(minutes=5),
+    "CreateContainerConfigError": datetime.timedelta(minutes=2),
+}
+# The reason the operator puts on the DisruptionTarget condition when it fails a pod on a fenced node.
+FORCE_REASON = "DeletionByRTJOperator"
+# The taint an administrator (or an automation) puts on a node that is shut down (non-graceful node
+# shutdown, KEP-2268): PodGC force-deletes its terminating pods, and so may the operator.
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the Job's own FailureTarget/Failed condition (by its reason) means."""
+
+    fails: str = ""  # the RTJ fails with this reason
+    tier: str | None = None
+    payer: str = JOB
+
+
+# The Job controller's verdicts, by condition reason; anything else (a deadline, a backoffLimit the
+# operator's budget should have pre-empted) is the job's failure, answered by a new gang.
+JOB_VERDICTS: dict[str, Verdict] = {
+    "PodFailurePolicy": Verdict(fails="PermanentFailure"),
+}
+DEFAULT_VERDICT = Verdict(tier=GANG_RESTART, payer=JOB)
+
+
+@dataclass(frozen=True)
+class Budget:
+    counter: str  # status field
+    limit: str  # spec.restartBudget field
+    reason: str  # the Failed reason once counter > limit
+    message: str  # format(n=, limit=, last=, step=)
+
+
+# Checked in this order after every charge: the first one spent fails the job.
+BUDGETS = (
+    Budget("jobRestarts", "maxRestarts", "RestartBudgetExhausted",
+           "{n} job failures exceed restartBudget.maxRestarts={limit}; last: {last}"),
+    Budget("disruptions", "maxDisruptions", "DisruptionBudgetExhausted",
+           "{n} platform disruptions exceed restartBudget.maxDisruptions={limit}"),
+    Budget("restartsWithoutProgress", "maxRestartsWithoutProgress", "NoProgress",
+           "{n} restarts in a row without the checkpoint step advancing past {step}"),
+)
+
+# How long a peer's failure waits for its cause to show (the control plane marks a dead node NotReady
+# only after kube-controller-manager's node-monitor-grace-period, 50 s by default) before it is
+# charged to the job.
+PEER_ATTRIBUTION_SECONDS = 60.0
+# kube-controller-manager's Job controller delays a replacement pod by 10 s x 2^(failures-1), capped
+# at 10 min, counting every failed pod of the Job (pkg/controller/job: DefaultJobPodFailureBackOff).
+JOB_BACKOFF_BASE, JOB_BACKOFF_MAX = 10.0, 600.0
+
+
+# --- what classify() returns --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    """One pod's trouble, classified."""
+
+    pod: str
+    uid: str
+    kind: str  # a key of FINDINGS
+    reason: str  # CamelCase, shown in status and events
+    message: str
+    action: str = ""  # "" | EVICT | FORCE
+    lost_node: str = ""  # the lost (or unhealthy) node this finding is about, if any
+    age: float = 0.0  # seconds since the pod's container ended (PEER findings)
+    node: str = ""  # the pod's node, if it was scheduled
+
+    @property
+    def meaning(self) -> Meaning:
+        return FINDINGS[self.kind]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the operator waits before it acts on a lost node (see restartBudget)."""
+
+    node_grace: datetime.timedelta = datetime.timedelta(seconds=30)
+    terminating_timeout: datetime.timedelta = datetime.timedelta(seconds=60)
+
+
+@dataclass
+class Plan:
+    findings: list[Finding] = field(default_factory=list)  # not charged yet
+    actions: list[Finding] = field(default_factory=list)  # pods to evict or force, charged or not
+    # Seconds until a grace period runs out and the world should be looked at again.
+    recheck: float | None = None
+    # Nodes of the gang's pods that are NotReady, unreachable or gone now (any duration): name -> why.
+    lost_nodes: dict[str, str] = field(default_factory=dict)
+    # Pods terminating on a lost node with no evidence it runs nothing any more: node -> (pod, why the
+    # node is lost, seconds past the grace period). Replaced only once fenced.
+    unfenced: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # Pods terminating past the timeout on a node that is not lost: pod -> (node, seconds).
+    stuck: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Set when many nodes went dark at once: nothing is evicted or charged for them (why).
+    brake: str = ""
+    # Pods the scheduler finds no node for: pod -> its message ("0/8 nodes are available: ...").
+    unschedulable: dict[str, str] = field(default_factory=dict)
+    # Ready nodes of the gang's pods that cannot train (health.unhealthy): name -> why.
+    unhealthy: dict[str, str] = field(default_factory=dict)
+
+    def wait(self, seconds: float) -> None:
+        self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
+
+    @property
+    def permanent(self) -> Finding | None:
+        return next((f for f in self.findings if f.meaning.fails), None)
+
+
+# --- nodes and pods ---------------------------------------------------------------------------------
+def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str, datetime.timedelta]:
+    """Why a node can no longer run our pod ('' if it can) and for how long that has been so.
+
+    The duration comes from the Ready condition's lastTransitionTime (set by the node-lifecycle
+    controller), so a node that flaps is judged by its current outage, not by its first one.
+    """
+    if node is None:
+        return "NodeDeleted", datetime.timedelta.max
+    ready = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    unreachable = any(t.get("key") == "node.kubernetes.io/unreachable"
+                      for t in node.get("spec", {}).get("taints") or [])
+    if ready is not None and ready.get("status") == "True" and not unreachable:
+        return "", datetime.timedelta(0)
+    since = parse_time((ready or {}).get("lastTransitionTime")) or now
+    reason = "NodeUnreachable" if unreachable or (ready or {}).get("status") == "Unknown" else "NodeNotReady"
+    return reason, max(now - since, datetime.timedelta(0))
+
+
+def node_lost(node: dict[str, Any] | None, now: datetime.datetime | None = None) -> str:
+    """Why a node can no longer run our pod, or '' if it can."""
+    return node_loss(node, now or datetime.datetime.now(datetime.UTC))[0]
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return term
+    return None
+
+
+def _waiting(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        wait = (cs.get("state") or {}).get("waiting")
+        if wait:
+            return wait
+    return None
+
+
+def _disruption(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def termination_report(pod: dict[str, Any]) -> dict[str, Any]:
+    """The JSON the worker writes to its termination log (see rtj_worker.entrypoint)."""
+    term = _terminated(pod)
+    try:
+        report = json.loads((term or {}).get("message") or "{}")
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def checkpoint_step(pods: list[dict[str, Any]]) -> int | None:
+    """Newest complete checkpoint step in the pods' own termination reports.
+
+    Only what the container itself wrote at exit counts: a pod annotation could be set by any
+    process allowed to patch pods in the namespace, including another job's workers.
+    """
+    steps: list[int] = []
+    for pod in pods:
+        try:
+            steps.append(int(termination_report(pod).get("checkpointStep")))
+        except (TypeError, ValueError):
+            pass
+    return max(steps) if steps else None
+
+
+# kubelet's clock (finishedAt) against the API server's (deletionTimestamp).
+CLOCK_SKEW = datetime.timedelta(seconds=2)
+
+
+def deleted_while_running(pod: dict[str, Any], term: dict[str, Any]) -> bool:
+    """Whether the pod's deletion was asked for before its container ended (so it ended of it)."""
+    asked = deletion_asked(pod)
+    if asked is None:
+        return False
+    ended = parse_time(term.get("finishedAt"))
+    return ended is None or ended >= asked - CLOCK_SKEW
+
+
+def deletion_asked(pod: dict[str, Any]) -> datetime.datetime | None:
+    """When the pod's deletion was asked for (deletionTimestamp is when its grace period ends)."""
+    meta = pod["metadata"]
+    deleted = parse_time(meta.get("deletionTimestamp"))
+    if deleted is None:
+        return None
+    return deleted - datetime.timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+
+
+def resumed_at(job: dict[str, Any] | None) -> datetime.datetime | None:
+    """When the Job was last resumed (its Suspended condition turned False), if it ever was suspended."""
+    for cond in ((job or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Suspended" and cond.get("status") == "False":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def stopped_by_suspend(pods: list[dict[str, Any]], job: dict[str, Any] | None) -> frozenset[str]:
+    """Pods whose deletion was asked for before the Job's last resume: a suspend's (the Job controller
+    deletes a suspended Job's pods), even when their end shows only after the resume."""
+    resumed = resumed_at(job)
+    if resumed is None:
+        return frozenset()
+    return frozenset(p["metadata"].get("uid", p["metadata"]["name"]) for p in pods
+                     if (asked := deletion_asked(p)) is not None and asked <= resumed + CLOCK_SKEW)
+
+
+def _seconds(delta: datetime.timedelta) -> str:
+    return "ever" if delta == datetime.timedelta.max else f"{int(delta.total_seconds())}s"
+
+
+def fencing(node: dict[str, Any] | None, cloud: str = "") -> str:
+    """Evidence that nothing runs on a node any more (what makes a forced delete safe), or ''.
+    `cloud`: what a cloud check said (fencing.py), e.g. that its EC2 instance is terminated."""
+    if node is None:
+        return "its Node object is deleted"
+    if any(t.get("key") == OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or []):
+        return f"it is tainted {OUT_OF_SERVICE}"
+    return cloud
+
+
+def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.datetime,
+             timing: Timing, plan: Plan | None = None, fenced: str = "", sick: str = "") -> Finding | None:
+    """What this pod's state means for the job; `plan` learns when a grace period ends and what waits.
+    `fenced`: the evidence (fencing()) that its node runs nothing any more, if any; `sick`: why its
+    (Ready) node cannot train (health.unhealthy), if so."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    name, uid = meta["name"], meta.get("uid", meta["name"])
+    node_name = pod.get("spec", {}).get("nodeName")
+    lost, lost_for = node_loss(node, now) if node_name else ("", datetime.timedelta(0))
+    phase = status.get("phase")
+    disruption = _disruption(pod)
+
+    def found(kind: str, reason: str, message: str, action: str = "", lost_node: str = "",
+              age: float = 0.0) -> Finding:
+        return Finding(name, uid, kind, reason, message, action, lost_node, age, node_name or "")
+
+    if meta.get("deletionTimestamp") and phase not in ("Failed", "Succeeded"):
+        # deletionTimestamp is when the grace period ends; timeouts count from there.
+        overdue = now - (parse_time(meta["deletionTimestamp"]) or now)
+        if node_name and fenced:
+            # Nothing runs there any more: fail and delete the pod as PodGC does, so the Job controller
+            # (which keeps an index until its pod is Failed) replaces it. Never without this evidence: a
+            # node that lost the API server may still run its ranks, and a replacement would be a second
+            # process of the same node rank, writing the same checkpoints.
+            return found(PLATFORM_FAULT, lost or "NodeFenced", f"pod {name} terminating on node {node_name}, "
+                         f"which runs nothing any more ({fenced})", FORCE, node_name)
+        if lost:
+            # Its kubelet cannot confirm the deletion; the Job controller keeps the index until the pod
+            # is Failed. Wait for fencing, and say so.
+            if plan is not None:
+                plan.unfenced[node_name] = (name, lost, overdue.total_seconds())
+            return found(PLATFORM_FAULT, lost, f"pod {name} terminating on lost node {node_name}",
+                         lost_node=node_name)
+        if overdue >= timing.terminating_timeout and plan is not None:
+            plan.stuck[name] = (node_name or "", overdue.total_seconds())
+        elif overdue > -datetime.timedelta(days=1) and plan is not None:
+            plan.wait(max(1.0, (timing.terminating_timeout - overdue).total_seconds()))
+        if disruption:
+            # Evicted, drained or preempted on a healthy node: the kubelet finishes it; count it now.
+            return found(PLATFORM_FAULT, disruption.get("reason") or "Disrupted",
+                         disruption.get("message") or f"pod {name} is being disrupted")
+        return None
+
+    if phase == "Failed":
+        if disruption:
+            return found(PLATFORM_FAULT, disruption.get("reason") or "Disrupted",
+                         disruption.get("message") or f"pod {name} was disrupted")
+        if status.get("reason") in PLATFORM_POD_REASONS:
+            return found(PLATFORM_FAULT, status["reason"], status.get("message") or status["reason"])
+        if lost:
+            return found(PLATFORM_FAULT, lost, f"pod {name} failed on lost node {node_name}", lost_node=node_name)
+        if sick:
+            # Its ranks failed on hardware the node's own health agent reports bad: the platform's fault.
+            return found(PLATFORM_FAULT, UNHEALTHY, f"pod {name} failed on node {node_name}, which cannot train: "
+                         f"{sick}", lost_node=node_name)
+        term = _terminated(pod) or {}
+        code = term.get("exitCode")
+        if deleted_while_running(pod, term):
+            # Someone deleted it (kubectl delete, a controller, a suspend) and it ended of that, whatever
+            # it exited with (ft_launcher turns SIGTERM into 1): not the job's fault.
+            return found(PLATFORM_FAULT, "PodDeleted", f"pod {name} was deleted while running (exit code {code})")
+        detail = termination_report(pod).get("reason") or term.get("reason") or ""
+        message = f"pod {name} exited with code {code}" + (f": {detail}" if detail else "")
+        if code in EXIT_CODES:
+            kind, reason = EXIT_CODES[code]
+            age = 0.0
+            if kind == PEER:
+                ended = parse_time(term.get("finishedAt")) or now
+                age = max(0.0, (now - ended).total_seconds())
+            return found(kind, reason, message, age=age)
+        if term.get("reason") == "OOMKilled":
+            return found(JOB_FAILURE, "OOMKilled", message)
+        return found(JOB_FAILURE, f"ExitCode{code}" if code is not None else "PodFailed", message)
+
+    if phase in ("Pending", "Running") and lost:
+        # A short blip (NotReady for less than the grace period) must not kill a healthy rank.
+        if lost_for >= timing.node_grace:
+            return found(PLATFORM_FAULT, lost, f"node {node_name} of pod {name} is lost ({lost} for "
+                         f"{_seconds(lost_for)})", EVICT, node_name)
+        if plan is not None:
+            plan.wait((timing.node_grace - lost_for).total_seconds())
+        return None
+
+    if phase in ("Pending", "Running") and sick and node_name:
+        # A health agent's verdict, not a blip: no grace period. The kubelet still works, so a graceful
+        # eviction ends the pod (its ranks save within their grace period) and nothing needs fencing.
+        return found(PLATFORM_FAULT, UNHEALTHY, f"node {node_name} of pod {name} cannot train: {sick}", EVICT,
+                     node_name)
+
+    waiting = _waiting(pod)
+    if waiting:
+        reason = waiting.get("reason", "")
+        started = parse_time(status.get("startTime") or meta.get("creationTimestamp")) or now
+        grace = WAITING_GRACE.get(reason)
+        if reason in PERMANENT_WAITING or (grace is not None and now - started >= grace):
+            return found(PERMANENT, reason, waiting.get("message") or f"pod {name}: {reason}")
+        if grace is not None and plan is not None:
+            plan.wait((grace - (now - started)).total_seconds())
+    return None
+
+
+def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], seen: set[str],
+         now: datetime.datetime, timing: Timing, cloud: dict[str, str] | None = None,
+         zones: dict[str, tuple[int, int]] | None = None, coordinator: dict[str, Any] | None = None,
+         rules: health.NodeHealth = health.DEFAULT) -> Plan:
+    """Classify every pod; new findings (uids not in `seen`) are to be charged by the caller.
+    `cloud`: fencing evidence from a cloud check, by node; `zones`: (nodes, lost nodes) of the zones
+    of the gang's lost nodes, for the mass-loss brake; `coordinator`: the gang's coordinator pod;
+    `rules`: which node conditions and labels mean a Ready node cannot train."""
+    result = Plan()
+    if coordinator is not None:
+        node_name = coordinator.get("spec", {}).get("nodeName") or ""
+        found = coordinator_finding(coordinator, nodes.get(node_name), now, timing,
+                                    fencing(nodes.get(node_name), (cloud or {}).get(node_name, "")), result)
+        if found is not None:
+            if found.action:
+                result.actions.append(found)
+            if found.uid not in seen:
+                result.findings.append(found)
+    evidence = {name: fencing(node, (cloud or {}).get(name, "")) for name, node in nodes.items()}
+    for name, node in nodes.items():
+        if lost := node_loss(node, now)[0]:
+            result.lost_nodes[name] = lost
+    result.brake = _brake(result.lost_nodes, evidence, len(nodes), zones or {})
+    for name, node in nodes.items():
+        if name not in result.lost_nodes and (why := health.unhealthy(node, rules)):
+            result.unhealthy[name] = why
+    for pod in pods:
+        node_name = pod.get("spec", {}).get("nodeName") or ""
+        if why := unschedulable(pod):
+            result.unschedulable[pod["metadata"]["name"]] = why
+        finding = classify(pod, nodes.get(node_name), now, timing, result, evidence.get(node_name, ""),
+                           result.unhealthy.get(node_name, ""))
+        if finding is None:
+            continue
+        if result.brake and finding.action == EVICT:
+            continue  # not a fault of this node: nothing is evicted or charged while most nodes are dark
+        if finding.action:
+            result.actions.append(finding)
+        if finding.uid not in seen:
+            result.findings.append(finding)
+    return result
+
+
+def coordinator_finding(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.datetime, timing: Timing,
+                        fenced: str, plan: Plan) -> Finding | None:
+    """The coordinator read as any pod (classify), then as what its loss means: its rendezvous is gone."""
+    if (pod.get("status") or {}).get("phase") == "Succeeded":
+        return None  # nvrx-control ends once the gang stopped; the workers say why
+    found = classify(pod, node, now, timing, plan, fenced)
+    if found is None:
+        return None
+    if found.kind == PERMANENT:
+        return found
+    kind = COORDINATOR_LOST if found.kind == PLATFORM_FAULT else COORDINATOR_FAILED
+    return Finding(found.pod, found.uid, kind, kind, f"the coordinator ({found.reason}): {found.message}",
+                   found.action, found.lost_node, found.age)
+
+
+def unschedulable(pod: dict[str, Any]) -> str:
+    """The scheduler's message if it finds no node for a pending pod (PodScheduled False, Unschedulable)."""
+    if pod.get("spec", {}).get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+        return ""
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                None)
+    if cond and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        return cond.get("message") or "no node fits"
+    return ""
+
+
+# Upstream's zone disruption (pkg/controller/nodelifecycle: unhealthyZoneThreshold 0.55, more than 2
+# nodes not ready): many nodes going dark at once is the network or the control plane, not that many
+# node failures. Applied to the gang's own nodes and to their zones.
+BRAKE_FRACTION, BRAKE_MIN_NODES = 0.55, 2
+
+
+def _brake(lost: dict[str, str], evidence: dict[str, str], gang_nodes: int,
+           zones: dict[str, tuple[int, int]]) -> str:
+    dark = [n for n in lost if not evidence.get(n)]
+    if len(dark) >= BRAKE_MIN_NODES and len(dark) >= BRAKE_FRACTION * gang_nodes:
+        return f"{len(dark)} of the gang's {gang_nodes} nodes went dark at once ({', '.join(sorted(dark))})"
+    for zone, (total, down) in sorted(zones.items()):
+        if total and (down == total or (down > 2 and down >= BRAKE_FRACTION * total)):
+            return f"{down} of {total} nodes in zone {zone} are NotReady or unreachable"
+    return ""
+
+
+# --- one fault, one charge -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """The fault being recovered in this attempt, from its first charge until the gang runs again: the
+    lost nodes charged already, how many faults were charged, and whether one was the platform's."""
+
+    attempt: int
+    nodes: tuple[str, ...] = ()
+    faults: int = 0
+    platform: bool = False
+
+
+# Why attribute() charged nobody.
+FAILS, DUPLICATE, EXCUSED, HOLD, SUSPENDED = "fails", "duplicate", "excused", "hold", "suspended"
+
+
+@dataclass(frozen=True)
+class Charge:
+    """attribute()'s decision for one finding."""
+
+    finding: Finding
+    payer: str  # JOB | PLATFORM | NOBODY
+    tier: str | None = None
+    message: str = ""
+    why: str = ""  # for NOBODY: FAILS (the job fails instead), DUPLICATE, EXCUSED (NotCharged), HOLD, SUSPENDED
+    hold: float = 0.0  # HOLD: decide again in this many seconds (the finding stays unseen)
+
+    @property
+    def seen(self) -> bool:
+        """Whether the finding is settled (its pod never charged again)."""
+        return self.why != HOLD
+
+
+def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
+              suspended: bool = False, capacity: bool = False,
+              stopped_by_suspend: frozenset[str] = frozenset()) -> tuple[list[Charge], Fault]:
+    """Who pays for each new finding, in CHARGE_ORDER: one fault, one charge.
+
+    - While the job is suspended (by the user or a queue), or being suspended, nothing is charged: the
+      Job controller deletes the pods, and their exits are that deletion; so are the exits of pods
+      deleted before the Job's last resume (`stopped_by_suspend`, by uid), seen only after it.
+    - Node 0 hosts the rendezvous store, so when its node is lost (or its pod fails) every other pod's
+      launcher exits too, and says so (RendezvousHostLost, a PEER finding), usually before the control
+      plane has marked the node NotReady. A PEER failure is charged as the disruption of a lost node of
+      the gang if there is one not charged yet (that node's own finding is then not charged again);
+      else, while a fault of this attempt is being recovered, it is that fault's consequence, like
+      every other PEER failure of it; else it waits up to PEER_ATTRIBUTION_SECONDS for its cause to
+      show, and is then charged to the job (and is the fault the later ones follow from).
+    - While a platform fault is recovered (its replacement not running yet: unschedulable for lack of
+      capacity, or still starting), the survivors' failed rendezvous are its consequences too; so are
+      they while a pod of the gang finds no node (`capacity`), whatever attempt the gang is at: no
+      rendezvous can complete without that pod.
+    A job that keeps failing still ends Failed: each new fault, once the gang has recovered, is charged."""
+    charges: list[Charge] = []
+    nodes, faults, platform = list(fault.nodes), fault.faults, fault.platform
+    charged_once: set[str] = set()  # kinds charged once per attempt, charged in this pass
+    for f in sorted(findings, key=lambda f: CHARGE_ORDER.get(f.kind, 1)):
+        meaning = f.meaning
+        if suspended or f.uid in stopped_by_suspend:
+            charges.append(Charge(f, NOBODY, why=SUSPENDED))
+            continue
+        if meaning.fails:
+            charges.append(Charge(f, NOBODY, why=FAILS))
+            continue
+        if f.lost_node and f.lost_node in nodes:
+            charges.append(Charge(f, NOBODY, why=DUPLICATE))  # charged already, through a pod of its gang
+            continue
+        if f.kind == RENDEZVOUS and (platform or capacity):
+            # Not charged, yet a new gang all the same: the launcher that timed out closed the gang's
+            # rendezvous for good (NVRx 0.6's barrier and torch's c10d alike), so no pod joins it again.
+            charges.append(Charge(f, NOBODY, meaning.tier, message=f.message, why=EXCUSED))
+            continue
+        if meaning.once_per == ATTEMPT:
+            if f.kind in charged_once:
+                charges.append(Charge(f, NOBODY, why=DUPLICATE))  # every pod reports the same failure
+                continue
+            charged_once.add(f.kind)
+        payer, message = meaning.payer, f.message
+        if payer == PEERS:
+            if peers := [n for n in sorted(lost_nodes) if n not in nodes]:
+                nodes.append(peers[0])
+                faults, platform = faults + 1, True
+                charges.append(Charge(f, PLATFORM, meaning.tier, f"{f.message} (node {peers[0]} of its gang is "
+                                                                  f"lost: {lost_nodes[peers[0]]})"))
+                continue
+            if faults:
+                charges.append(Charge(f, NOBODY, message=f.message, why=EXCUSED))
+                continue
+            if f.age < PEER_ATTRIBUTION_SECONDS:
+                charges.append(Charge(f, NOBODY, why=HOLD, hold=max(0.5, PEER_ATTRIBUTION_SECONDS - f.age)))
+                continue
+            payer = JOB
+        charges.append(Charge(f, payer, meaning.tier, message))
+        if f.lost_node:
+            nodes.append(f.lost_node)
+        faults, platform = faults + 1, platform or payer == PLATFORM
+    return charges, Fault(fault.attempt, tuple(nodes), faults, platform)
+
+
+def over_budget(counters: dict[str, int], budget: dict[str, int], last: str, step: int) -> tuple[str, str] | None:
+    """The first spent budget in BUDGETS order, as (Failed reason, message)."""
+    for b in BUDGETS:
+        n, limit = int(counters.get(b.counter, 0)), int(budget[b.limit])
+        if n > limit:
+            return b.reason, b.message.format(n=n, limit=limit, last=last, step=step)
+    return None
+
+
+def job_verdict(job: dict[str, Any]) -> tuple[Verdict, dict[str, Any]] | None:
+    """The Job's FailureTarget or Failed condition and what it means, if it has one."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("FailureTarget", "Failed") and cond.get("status") == "True":
+            return JOB_VERDICTS.get(cond.get("reason") or "", DEFAULT_VERDICT), cond
+    return None
+
+
+def replacement_backoff(failed_pods: int) -> float:
+    """Seconds the Job controller waits before it creates the replacement of the next failed pod, for
+    a Job without per-index limits (one made by an earlier operator): it counts every failed pod."""
+    if failed_pods <= 0:
+        return 0.0
+    return min(JOB_BACKOFF_MAX, JOB_BACKOFF_BASE * 2 ** min(failed_pods - 1, 16))
+
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+INDEX_FAILURES = "batch.kubernetes.io/job-index-failure-count"
+INDEX_IGNORED = "batch.kubernetes.io/job-index-ignored-failure-count"
+JOB_TRACKING = "batch.kubernetes.io/job-tracking"
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def failure_time(pod: dict[str, Any]) -> datetime.datetime | None:
+    """When the Job controller counts a pod as failed (pkg/controller/job/backoff_utils.go
+    getFinishedTime): its containers' last finishedAt, else Ready=False, else the deletion request,
+    else its creation."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    finished = [parse_time((cs.get("state") or {}).get("terminated", {}).get("finishedAt"))
+                for cs in status.get("containerStatuses") or []]
+    if finished and all(finished):
+        return max(t for t in finished if t is not None)
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready and ready.get("status") == "False" and ready.get("lastTransitionTime"):
+        return parse_time(ready["lastTransitionTime"])
+    if meta.get("deletionTimestamp"):
+        deleted = parse_time(meta["deletionTimestamp"])
+        if deleted is not None:
+            return deleted - datetime.timedelta(seconds=_int(meta.get("deletionGracePeriodSeconds")))
+    return parse_time(meta.get("creationTimestamp"))
+
+
+def replacement_due(pods: list[dict[str, Any]], now: datetime.datetime) -> dict[int, tuple[float, float]]:
+    """For each index whose pod failed and is not replaced yet: (the Job controller's back-off, seconds
+    left of it). With per-index limits the delay is per index, from its last failed pod (that still
+    holds the Job's tracking finalizer): 10 s x 2^(failures + ignored failures), capped at 600 s, from
+    when that pod failed (pkg/controller/job/backoff_utils.go, indexed_job_utils.go)."""
+    active = {_int((p["metadata"].get("annotations") or {}).get(INDEX)) for p in pods
+              if (p.get("status") or {}).get("phase") in ("Pending", "Running") and not p["metadata"].get(
+                  "deletionTimestamp")}
+    last: dict[int, tuple[int, datetime.datetime, dict[str, Any]]] = {}
+    for pod in pods:
+        meta = pod["metadata"]
+        annotations = meta.get("annotations") or {}
+        if (pod.get("status") or {}).get("phase") != "Failed" or JOB_TRACKING not in (meta.get("finalizers") or []):
+            continue
+        index = _int(annotations.get(INDEX))
+        if index in active:
+            continue
+        count = _int(annotations.get(INDEX_FAILURES)) + _int(annotations.get(INDEX_IGNORED))
+        when = failure_time(pod) or now
+        if index not in last or (count, when) > last[index][:2]:
+            last[index] = (count, when, pod)
+    due = {}
+    for index, (count, when, _) in last.items():
+        delay = min(JOB_BACKOFF_MAX, JOB_BACKOFF_BASE * 2 ** min(count, 16))
+        due[index] = (delay, max(0.0, delay - (now - when).total_seconds()))
+    return due

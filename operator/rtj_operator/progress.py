@@ -1,0 +1,317 @@
+"""What the pods say about themselves (rtj_worker.report), folded into the RTJ's status. Pure.
+
+Each pod of the current Job may carry the condition `rtj.dev/Progress` (its entrypoint writes it with
+the pod's bound token; the chart's ValidatingAdmissionPolicy lets a token change only its own pod's
+`rtj.dev/` conditions) and, once ended, the same report in its termination message. A report is the
+job's claim about itself: it feeds display, metrics and goodput, and the checkpoint step the
+NoProgress budget compares, never anything about another job (only the current Job's pods are read).
+
+- Recoveries inside the pods (InProcess, Launcher) are counted by the pod whose rank caused them;
+  the ledger (status.recovery.reports) keeps what each listed pod's report was already counted at,
+  so every recovery is added once, across passes, operator restarts and replaced pods.
+- Progress (step, seconds per step, the newest committed checkpoint) comes from the newest report;
+  it is rewritten at most every PROGRESS_SECONDS unless something else changed, so that steps moving
+  on cost one status write per job every few seconds, not one per report.
+- Goodput so far, as bench/goodput.py defines it: training = steps done since the job started x the
+  fault-free step time / wall time; infrastructure = time the ranks were in the training loop / wall
+  time (the in-loop seconds of the runs that hosted global rank 0, summed over the pods).
+- In-job recoveries become events (InProcessRestart, LauncherRestart) at most one per tier every
+  EVENT_SECONDS: a flapping job cannot flood the API; each event says how many it stands for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ladder
+from .conditions import parse_time, timestamp
+from .status import Status
+
+CONDITION = "rtj.dev/Progress"
+PROGRESS_SECONDS = 10.0
+EVENT_SECONDS = 30.0
+MAX_RESTART_COUNTS = 32  # (tier, reason, charged) entries kept in status; more fold into reason "Other"
+MAX_CAUSES = 8
+_MAX_INT = 2**53
+IN_JOB_EVENT = {ladder.IN_PROCESS: "InProcessRestart", ladder.LAUNCHER: "LauncherRestart"}
+TIER_WORDS = {ladder.IN_PROCESS: "in-process restart", ladder.LAUNCHER: "ft_launcher restart"}
+
+
+@dataclass(frozen=True)
+class Report:
+    """One pod's report, type-checked (a malformed field counts as absent)."""
+
+    pod: str
+    uid: str
+    at: float
+    state: str = ""
+    step: int | None = None
+    step_at: float | None = None
+    step_seconds: float | None = None
+    ckpt: int | None = None
+    ckpt_at: float | None = None
+    leader: bool = False
+    resumed: int | None = None  # the checkpoint step the pod's current run resumed from
+    run_since: float | None = None  # when that run began
+    in_loop_seconds: float = 0.0
+    restarts: dict[str, int] = field(default_factory=dict)
+    causes: dict[str, int] = field(default_factory=dict)
+    last: dict[str, Any] | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_INT else None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def _word(value: Any, limit: int = 40) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", value)[:limit] if isinstance(value, str) else ""
+
+
+def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
+    try:
+        data = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("v") != 1:
+        return None
+    meta = pod["metadata"]
+    restarts = data.get("restarts") if isinstance(data.get("restarts"), dict) else {}
+    causes: dict[str, int] = {}
+    for key, count in (data.get("causes") if isinstance(data.get("causes"), dict) else {}).items():
+        tier, _, cause = str(key).partition("/")
+        if tier in ladder.IN_JOB_TIERS and _word(cause) and _int(count) and len(causes) < MAX_CAUSES:
+            causes[f"{tier}/{_word(cause)}"] = _int(count) or 0
+    last = data.get("last") if isinstance(data.get("last"), dict) else None
+    if last is not None:
+        last = {"tier": last.get("tier") if last.get("tier") in ladder.IN_JOB_TIERS else None,
+                "cause": _word(last.get("cause")) or "Unknown",
+                "detail": last.get("detail")[:200] if isinstance(last.get("detail"), str) else "",
+                "at": _num(last.get("at")), "seconds": _num(last.get("seconds")),
+                "rolledBack": _int(last.get("rolledBack"))}
+        if last["tier"] is None or last["at"] is None:
+            last = None
+    return Report(
+        pod=meta["name"], uid=meta.get("uid", meta["name"]), at=_num(data.get("at")) or 0.0,
+        state=_word(data.get("state"), 16), step=_int(data.get("step")), step_at=_num(data.get("stepAt")),
+        step_seconds=_num(data.get("stepSeconds")), ckpt=_int(data.get("ckpt")), ckpt_at=_num(data.get("ckptAt")),
+        leader=data.get("leader") is True, resumed=_int(data.get("resumed")), run_since=_num(data.get("runSince")),
+        in_loop_seconds=_num(data.get("inLoopSeconds")) or 0.0,
+        restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last)
+
+
+def pod_report(pod: dict[str, Any]) -> Report | None:
+    """The pod's newest report: its termination message's (written at exit) or its condition's."""
+    final = ladder.termination_report(pod).get("progress")
+    if isinstance(final, dict) and (report := _parse(final, pod)) is not None:
+        return report
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == CONDITION:
+            return _parse(cond.get("message"), pod)
+    return None
+
+
+def reports(pods: list[dict[str, Any]]) -> list[Report]:
+    return [r for r in map(pod_report, pods) if r is not None]
+
+
+def _time(t: float | None) -> str | None:
+    return timestamp(datetime.datetime.fromtimestamp(t, datetime.UTC)) if t else None
+
+
+def newest_checkpoint(found: list[Report]) -> tuple[int, float | None] | None:
+    best = max((r for r in found if r.ckpt), key=lambda r: r.ckpt or 0, default=None)
+    return (best.ckpt or 0, best.ckpt_at) if best is not None else None
+
+
+def count_restart(status: Status, tier: str, reason: str, charged: str, n: int = 1) -> None:
+    """status.restartCounts[(tier, reason, charged)] += n (bounded: see MAX_RESTART_COUNTS)."""
+    entries = status.restart_counts
+    entry = next((e for e in entries if (e.get("tier"), e.get("reason"), e.get("charged")) == (tier, reason, charged)),
+                 None)
+    if entry is None:
+        if len(entries) >= MAX_RESTART_COUNTS - len(ladder.ALL_TIERS) * 2:  # room left for each (tier, Other)
+            reason = "Other"
+            entry = next((e for e in entries if (e.get("tier"), e.get("reason"), e.get("charged"))
+                          == (tier, reason, charged)), None)
+        if entry is None:
+            entry = {"tier": tier, "reason": reason, "charged": charged, "count": 0}
+            entries.append(entry)
+    entry["count"] = int(entry.get("count", 0)) + n
+
+
+@dataclass
+class Folded:
+    """What one pass learnt from the reports (for the events it posts)."""
+
+    new: dict[str, int] = field(default_factory=dict)  # tier -> recoveries counted in this pass
+    changed: bool = False  # a count, the newest recovery or the checkpoint moved: progress is written now
+    wait: float | None = None  # look again then (a progress update or an event is due)
+
+
+def fold(status: Status, found: list[Report], listed: set[str], now: datetime.datetime) -> Folded:
+    """Counts, the newest recovery, the checkpoint, progress: everything but goodput and events."""
+    out = Folded()
+    ledger = status.recovery
+    for r in found:
+        seen = ledger.reports.get(r.uid) or {}
+        entry = {"inProcess": r.restarts.get(ladder.IN_PROCESS, 0), "launcher": r.restarts.get(ladder.LAUNCHER, 0),
+                 "inLoopSeconds": round(r.in_loop_seconds, 2), "causes": dict(r.causes)}
+        for tier, key in ((ladder.IN_PROCESS, "inProcess"), (ladder.LAUNCHER, "launcher")):
+            delta = entry[key] - int(seen.get(key, 0))
+            if delta > 0:
+                status.restarts_by_tier[tier] = status.restarts_by_tier.get(tier, 0) + delta
+                out.new[tier] = out.new.get(tier, 0) + delta
+                out.changed = True
+        old_causes = seen.get("causes") or {}
+        for key, count in r.causes.items():
+            delta = count - int(old_causes.get(key, 0))
+            if delta > 0:
+                tier, _, cause = key.partition("/")
+                count_restart(status, tier, cause, ladder.JOB, delta)
+        delta_loop = entry["inLoopSeconds"] - float(seen.get("inLoopSeconds", 0.0))
+        if delta_loop > 0:  # the rank-0 pod's report (every 15 s while training): progress is written with it
+            goodput = status.goodput = dict(status.goodput or {})
+            goodput["inLoopSeconds"] = round(float(goodput.get("inLoopSeconds", 0.0)) + delta_loop, 2)
+            out.changed = True
+        # A count only ever grows: a smaller one (never, from one pod's entrypoint) is not taken back.
+        kept = {k: max(v, seen.get(k, 0)) if k != "causes" else v for k, v in entry.items()}
+        if kept["inProcess"] or kept["launcher"] or kept["inLoopSeconds"] or kept["causes"]:
+            ledger.reports[r.uid] = kept
+    ledger.reports = {uid: v for uid, v in ledger.reports.items() if uid in listed}
+    status.restarts = sum(status.restarts_by_tier.values())
+
+    newest_last = max((r for r in found if r.last), key=lambda r: (r.last or {}).get("at") or 0, default=None)
+    if newest_last is not None and newest_last.last is not None:
+        last, when = newest_last.last, _time(newest_last.last["at"])
+        if note_recovery(status, {"tier": last["tier"], "reason": last["cause"], "message": last["detail"],
+                                  "seconds": last["seconds"], "stepsRolledBack": last["rolledBack"], "time": when,
+                                  "pod": newest_last.pod}):
+            out.changed = True
+
+    ckpt = newest_checkpoint(found)
+    if ckpt is not None and ckpt[0] > int(status.last_checkpoint_step if status.last_checkpoint_step is not None
+                                          else -1):
+        status.last_checkpoint_step = ckpt[0]
+        status.last_checkpoint_time = _time(ckpt[1]) or timestamp(now)
+        out.changed = True
+    return out
+
+
+def note_recovery(status: Status, recovery: dict[str, Any]) -> bool:
+    """status.lastRecovery = `recovery` unless the one there is newer (times: when each fault began)."""
+    recovery = {k: v for k, v in recovery.items() if v is not None and v != ""}
+    recorded = status.last_recovery or {}
+    if recorded == recovery:
+        return False
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    if (parse_time(recovery.get("time")) or epoch) < (parse_time(recorded.get("time")) or epoch):
+        return False
+    status.last_recovery = recovery
+    return True
+
+
+def update_progress(status: Status, found: list[Report], now: datetime.datetime, changed: bool,
+                    force: bool = False) -> float | None:
+    """status.progress from the newest report; at most every PROGRESS_SECONDS unless `changed` or
+    `force`. Returns when it is due next if it was held back."""
+    old = status.progress or {}
+    newest = max(found, key=lambda r: r.at, default=None)
+    if newest is None and not old:
+        return None
+    updated = parse_time(old.get("updateTime"))
+    age = (now - updated).total_seconds() if updated else None
+    progress = dict(old)
+    if newest is not None:
+        progress.update({"step": newest.step, "stepTime": _time(newest.step_at),
+                         "stepSeconds": newest.step_seconds or old.get("stepSeconds")})
+        progress["reportingPods"] = len(found)
+        progress["trainingPods"] = sum(1 for r in found if r.state == "Training")
+    ckpt_time = parse_time(status.last_checkpoint_time)
+    progress["checkpointStep"] = status.last_checkpoint_step
+    progress["checkpointTime"] = status.last_checkpoint_time
+    progress["checkpointAgeSeconds"] = round((now - ckpt_time).total_seconds(), 1) if ckpt_time else None
+    progress = {k: v for k, v in progress.items() if v is not None and k != "updateTime"}
+    same = {k: v for k, v in old.items() if k not in ("updateTime", "checkpointAgeSeconds")} == {
+        k: v for k, v in progress.items() if k != "checkpointAgeSeconds"}
+    if same and not force:
+        return None
+    if not (changed or force) and age is not None and age < PROGRESS_SECONDS:
+        return PROGRESS_SECONDS - age
+    progress["updateTime"] = timestamp(now)
+    status.progress = progress
+    return None
+
+
+def update_goodput(status: Status, found: list[Report], now: datetime.datetime) -> None:
+    """Goodput so far from status.progress (call after update_progress: it moves only with it)."""
+    progress, start = status.progress or {}, parse_time(status.start_time)
+    goodput = dict(status.goodput or {})
+    if goodput.get("startStep") is None:
+        starts = [r.resumed for r in found if r.resumed is not None]
+        if starts:
+            goodput["startStep"] = min(starts)
+    end = parse_time(status.completion_time) or parse_time(progress.get("updateTime")) or now
+    if start is None or end <= start or progress.get("step") is None:
+        status.goodput = goodput or None
+        return
+    wall = (end - start).total_seconds()
+    steps = max(0, int(progress["step"]) - int(goodput.get("startStep") or 0))
+    goodput["wallSeconds"] = round(wall, 1)
+    if progress.get("stepSeconds"):
+        goodput["training"] = round(min(1.0, steps * float(progress["stepSeconds"]) / wall), 4)
+    goodput["infrastructure"] = round(min(1.0, float(goodput.get("inLoopSeconds", 0.0)) / wall), 4)
+    status.goodput = goodput
+
+
+def in_job_events(status: Status, found: list[Report], now: datetime.datetime) -> tuple[list[tuple[str, str]], float
+                                                                                         | None]:
+    """(reason, message) of the events due for in-job recoveries, and when the next one is due."""
+    out, wait = [], None
+    ledger = status.recovery
+    for tier in ladder.IN_JOB_TIERS:
+        total = status.restarts_by_tier.get(tier, 0)
+        posted = ledger.events.get(tier) or {}
+        if total <= int(posted.get("count", 0)):
+            continue
+        last_time = parse_time(posted.get("time"))
+        since = (now - last_time).total_seconds() if last_time else None
+        if since is not None and since < EVENT_SECONDS:
+            wait = EVENT_SECONDS - since if wait is None else min(wait, EVENT_SECONDS - since)
+            continue
+        n = total - int(posted.get("count", 0))
+        last = max((r.last for r in found if r.last and r.last["tier"] == tier),
+                   key=lambda last: last["at"] or 0, default=None)
+        what = f"{n} {TIER_WORDS[tier]}{'s' if n != 1 else ''}" + (f" since {posted['time']}" if posted else "")
+        message = f"{what} (total {total})"
+        if last is not None:
+            recovered = f"recovered in {last['seconds']:.1f}s" if last["seconds"] is not None else "recovering"
+            rolled = f", {last['rolledBack']} steps rolled back" if last["rolledBack"] is not None else ""
+            pod = next((r.pod for r in found if r.last is last), "")
+            message += f"; last: {last['cause']} on pod {pod}, {recovered}{rolled}: {last['detail']}"
+        out.append((IN_JOB_EVENT[tier], message))
+        ledger.events[tier] = {"count": total, "time": timestamp(now)}
+    return out, wait
+
+
+def rolled_back(status: Status, found: list[Report]) -> None:
+    """The steps an operator-tier recovery rolled back, once the new pods said where they resumed."""
+    last, before = status.last_recovery, status.recovery.step_at_fault
+    if last is None or last.get("tier") not in ladder.TIERS or last.get("stepsRolledBack") is not None:
+        return
+    when = parse_time(last.get("time"))
+    resumed = [r.resumed for r in found if r.resumed is not None and r.state == "Training" and when is not None
+               and (r.run_since or 0) >= when.timestamp()]  # runs begun since the fault
+    if before is not None and resumed:
+        last["stepsRolledBack"] = max(0, before - min(resumed))
+        status.recovery.step_at_fault = None

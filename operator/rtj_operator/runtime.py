@@ -1,0 +1,384 @@
+"""The operator's runtime: watch-fed stores, a work queue of RTJ keys, and worker threads that run
+one pass per key (controller-runtime's shape). kopf's watch handlers (handlers.py) only feed it.
+
+- observe(): a watch event updates its store; if the store took it (a newer version), the RTJ it
+  concerns is queued: urgently for a failure (a pod ended or is going, a Job failed or completed, a
+  node turned lost or came back), otherwise spaced (at most one pass a second per job). The echo of
+  our own status write is older than or equal to what the write put in the store: it wakes no one.
+- Workers take a key (never one key on two workers), build the World from the stores, run the
+  pass (controller.carry_out) with writes going through the stores, and requeue as the pass asks: at
+  once and urgently when a decision waits to be carried out, else after its seconds, stretched
+  while passes keep changing nothing, jittered so that jobs created together do not wake together.
+- Start-up: one LIST per kind fills the stores before any pass runs (the synced guard). Every
+  RESYNC_SECONDS the LISTs run again and correct what a watch may have missed.
+- With a LeaderElector (leader.py), every replica keeps its stores and queue, but workers take keys
+  only while it leads, and each write checks that it still does (NotLeader otherwise): a replica that
+  lost the Lease stops acting at once. One that takes it over re-LISTs and queues every RTJ.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import api, capacity, ladder, metrics
+from .controller import carry_out
+from .kube import Kube, KubeError
+from .leader import LeaderElector, NotLeader
+from .reconcile import Config, Requeue
+from .stores import Stores, ref, rtj_key
+from .workqueue import WorkQueue
+from .world import ZONE_LABEL, CloudFencing, StorageCheck, World
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+WORKERS = int(os.environ.get("RTJ_WORKERS", "16"))
+RESYNC_SECONDS = 300.0
+SETTLE_SECONDS = 15.0
+# Watch events that are not failures wake a job at most this often after its last pass began: a new
+# job's events come in bursts (Job created, pods created, scheduled, started), one pass answers all.
+EVENT_SPACING = 1.0
+# Consecutive passes that changed nothing stretch a waiting job's requeue (x1.5 each) up to this:
+# whatever it waits for (pods scheduled or started, a node back) arrives as a watch event anyway.
+WAITING_MAX = 60.0
+REQUEUE_JITTER = 0.2
+NODE_MISS_SECONDS = 30.0  # how long a GET that found no node is believed
+# Label selectors of the watches and LISTs: only the children the operator made reach it.
+OURS = {api.LABEL_MANAGED_BY: api.MANAGER}
+SELECTED = {"Job": OURS, "Service": OURS, "PersistentVolumeClaim": OURS, "Pod": OURS}
+
+
+def failing(obj: dict[str, Any]) -> bool:
+    """Whether a pod or Job event may be a failure the operator must count and answer at once."""
+    status = obj.get("status") or {}
+    if (obj.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    alarms = ("Failed", "FailureTarget", "Complete", "DisruptionTarget")
+    return any(c.get("type") in alarms and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
+    """What the ladder reads of a node: lost (why), and fenced (evidence)."""
+    return ladder.node_lost(node), ladder.fencing(node)
+
+
+class StoreKube:
+    """A Kube whose writes go through the stores, so the next pass sees the operator's own writes."""
+
+    def __init__(self, kube: Kube, stores: Stores, leading: Callable[[], bool] | None = None):
+        self._kube, self._stores, self._leading = kube, stores, leading
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    def _may_write(self) -> None:
+        if self._leading is not None and not self._leading():
+            raise NotLeader("this replica does not hold the leader Lease")
+
+    def _keep(self, kind: str, obj: dict[str, Any] | None) -> None:
+        if obj and obj.get("kind") == kind and kind in Stores.KINDS:
+            self._stores.of(kind).put(obj)
+
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        if not dry_run:
+            self._may_write()
+        result = self._kube.create(obj, dry_run=dry_run)
+        if not dry_run:
+            self._keep(obj["kind"], result)
+        return result
+
+    def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any],
+              subresource: str | None = None, strategic: bool = False) -> dict[str, Any]:
+        self._may_write()
+        result = self._kube.patch(kind, name, namespace, patch, subresource=subresource, strategic=strategic)
+        self._keep(kind, result)
+        return result
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        result = self._kube.get(kind, name, namespace)
+        self._keep(kind, result)
+        return result
+
+    def delete(self, kind: str, name: str, namespace: str | None, **options: Any) -> dict[str, Any] | None:
+        self._may_write()
+        result = self._kube.delete(kind, name, namespace, **options)
+        if kind == "Pod" and namespace:
+            self._refresh(name, namespace)
+        else:
+            self._keep(kind, result)  # the object with its deletionTimestamp (Foreground), if it says so
+        return result
+
+    def event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self._may_write()
+        self._kube.event(involved, type_, reason, message)
+
+    def evict(self, name: str, namespace: str, uid: str | None = None) -> str:
+        self._may_write()
+        outcome = self._kube.evict(name, namespace, uid=uid)
+        self._refresh(name, namespace)
+        return outcome
+
+    def _refresh(self, name: str, namespace: str) -> None:
+        """After the operator changed a pod: its own write is seen by the very next pass."""
+        pod = self._kube.get("Pod", name, namespace)
+        store = self._stores.pods
+        if pod is not None:
+            store.put(pod)
+        elif (have := store.get(namespace, name)) is not None:
+            store.delete(have)
+
+
+class Runtime:
+    def __init__(self, kube: Kube, namespaces: list[str] | None = None, config: Config | None = None,
+                 storage_check: StorageCheck | None = None, cloud_fencing: CloudFencing | None = None,
+                 workers: int = WORKERS, max_requeue: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 elector: LeaderElector | None = None):
+        self.kube, self.namespaces = kube, list(namespaces or [])
+        self.config, self.storage_check, self.cloud_fencing = config or Config(), storage_check, cloud_fencing
+        self.max_requeue = max_requeue
+        self.stores = Stores(clock=clock)
+        self.queue = WorkQueue(clock=clock)
+        self.elector = elector
+        self._synced_as_leader = threading.Event()  # set once the take-over re-LIST is done
+        self.writer = StoreKube(kube, self.stores, elector.leading if elector else None)
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._quiet: dict[Key, int] = {}  # consecutive passes that changed nothing
+        self._node_misses: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.error: BaseException | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        """Fill every store with one LIST (the synced guard), queue every RTJ once, then start the
+        workers, the periodic resync and the leader election."""
+        self.resync()
+        self._queue_all()
+        for i in range(self._workers):
+            thread = threading.Thread(target=self._work, name=f"rtj-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        resync = threading.Thread(target=self._resync_loop, name="rtj-resync", daemon=True)
+        resync.start()
+        self._threads.append(resync)
+        if self.elector is not None:
+            self.elector.on_started_leading(self._took_over)
+            self.elector.start()
+        else:
+            metrics.LEADER.set(1)  # the only replica: it acts
+        return self
+
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading()
+
+    def _queue_all(self) -> None:
+        for rtj in self.stores.rtjs.all():
+            self.queue.add(ref(rtj))
+
+    def _took_over(self) -> None:
+        """A new leader's passes start from a fresh LIST (its watches may lag the old leader's last
+        writes by a moment; status writes are conditional anyway). The LIST runs off the election's
+        thread, which must keep renewing."""
+        self._synced_as_leader.clear()
+
+        def take_over() -> None:
+            try:
+                self.resync()
+            except Exception:
+                log.exception("re-LIST on taking the lease failed; the watches still feed the stores")
+            self._queue_all()
+            self._synced_as_leader.set()
+        threading.Thread(target=take_over, name="rtj-take-over", daemon=True).start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Queued passes never start; those in flight finish (up to `timeout`), or with leader
+        election stop at their next write: the Lease is released first, so a follower takes over at
+        its next try."""
+        if self.elector is not None:
+            self.elector.stop(release=True)
+        self._stop.set()
+        self.queue.shutdown()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads.clear()
+
+    def resync(self) -> None:
+        """LIST every kind and make it the stores' truth (the watch's newer versions kept); once the
+        stores are synced, the RTJs whose objects changed are queued."""
+        wake: set[Key] = set()
+        for kind in Stores.KINDS:
+            store = self.stores.of(kind)
+            scopes: list[str | None] = [None] if kind == "Node" or not self.namespaces else list(self.namespaces)
+            for ns in scopes:
+                items, version = self.kube.list_versioned(kind, ns, SELECTED.get(kind))
+                changed = store.replace(items, version, namespace=ns)
+                if store.synced.is_set():
+                    wake |= self._keys_for(kind, changed)
+            store.synced.set()
+        for key in wake:
+            self.queue.add(key)
+
+    def _resync_loop(self) -> None:
+        # The first re-LIST comes soon: the stores were primed before kopf's watches began, with their
+        # own LIST, and an object deleted in between is reported by neither.
+        wait = SETTLE_SECONDS
+        while not self._stop.wait(wait):
+            wait = RESYNC_SECONDS
+            try:
+                self.resync()
+            except Exception:
+                log.exception("resync failed; the watches still feed the stores")
+
+    def _keys_for(self, kind: str, changed: list[dict[str, Any]]) -> set[Key]:
+        if kind == api.KIND:
+            return {ref(obj) for obj in changed}
+        if kind == "Node":
+            return {key for obj in changed for key in self.stores.jobs_on(ref(obj)[1])}
+        return {key for obj in changed for key in rtj_key(obj)}
+
+    # --- fed by the watches (kopf's event loop) ----------------------------------------------------
+    def observe(self, kind: str, event_type: str | None, body: dict[str, Any]) -> None:
+        store = self.stores.of(kind)
+        if kind == "Node":
+            self._observe_node(event_type, body)
+            return
+        if event_type == "DELETED":
+            changed = store.delete(body)
+        else:
+            changed = store.put(body)
+        if not changed:
+            return  # an older copy, or the echo of our own write
+        key = ref(body) if kind == api.KIND else next(iter(rtj_key(body)), None)
+        if key is None:
+            return
+        if kind == api.KIND and event_type == "DELETED":
+            self.queue.add(key)  # its pass forgets it
+        elif kind in ("Pod", "Job") and failing(body):
+            self.queue.add(key, urgent=True)
+        else:
+            self.queue.add_spaced(key, EVENT_SPACING)
+
+    def _observe_node(self, event_type: str | None, body: dict[str, Any]) -> None:
+        store, name = self.stores.nodes, (body.get("metadata") or {}).get("name", "")
+        before = store.get("", name)
+        was = _verdict(before) if before is not None else ("", "")
+        if event_type == "DELETED":
+            if not store.delete(body):
+                return
+            now = ("NodeDeleted", "deleted")
+        else:
+            if not store.put(body):
+                return
+            now = _verdict(store.get("", name))
+        if now != was:
+            # Only the jobs with pods on it: with 1000 jobs, waking all of them for one node would
+            # queue a pod failure elsewhere behind 1000 passes.
+            for key in self.stores.jobs_on(name):
+                self.queue.add(key, urgent=True)
+
+    def _fitting(self, pod_spec: dict[str, Any]) -> dict[str, str]:
+        return capacity.fitting_nodes(self.stores.nodes.all(), pod_spec, datetime.datetime.now(datetime.UTC))
+
+    def _zone_health(self, zone: str) -> tuple[int, int]:
+        """(nodes, NotReady or unreachable nodes) of a zone, from the node store."""
+        nodes = [n for n in self.stores.nodes.all() if (n["metadata"].get("labels") or {}).get(ZONE_LABEL) == zone]
+        return len(nodes), sum(1 for n in nodes if ladder.node_lost(n))
+
+    # --- workers ---------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            if not self.stores.synced:
+                # The synced guard: no pass on a half-filled store (a pod missing from it would look
+                # deleted, a node lost). start() LISTs every kind before the workers begin; this holds
+                # for a runtime whose workers run before that (tests) too.
+                self._stop.wait(0.1)
+                continue
+            if self.elector is not None and not (self.elector.wait_leading(1.0)
+                                                 and self._synced_as_leader.wait(1.0)):
+                continue  # a follower (or a leader still re-LISTing): keys wait, the stores stay warm
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            try:
+                self.run(key)
+            except BaseException as exc:  # a bug in a pass must not kill the worker
+                log.exception("pass for %s/%s crashed", *key)
+                self.error = exc
+                self.queue.retry(key)
+            finally:
+                self.queue.done(key)
+
+    def run(self, key: Key) -> None:
+        """One pass for `key`, and its requeue."""
+        body = self.stores.rtjs.get(*key)
+        if body is None:
+            self._forget(key)
+            return
+        if body["metadata"].get("deletionTimestamp"):
+            return  # children go with it (owner references); nothing to converge
+        try:
+            world = World.from_stores(self.stores, body, self._node).probe(
+                self.writer, self.storage_check, self.cloud_fencing, self._zone_health, self._fitting)
+            intent, written = carry_out(self.writer, world, self.config)
+        except NotLeader:
+            log.info("pass for %s/%s stopped: the leader Lease was lost", *key)
+            self.queue.add(key)  # the next leader runs it (queued everything on taking over anyway)
+            return
+        except KubeError as exc:
+            if exc.status == 409:
+                self.writer.get(api.KIND, key[1], key[0])  # a stale copy: read it afresh
+            else:
+                log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
+                return
+            self.queue.retry(key)
+            return
+        except Exception as exc:
+            delay = self.queue.retry(key)
+            log.warning("pass for %s/%s failed (%s), retrying in %.1fs: %s", *key, type(exc).__name__, delay, exc)
+            return
+        self.queue.forget(key)
+        self._requeue(key, intent.requeue, changed=bool(written or intent.actions))
+
+    def _requeue(self, key: Key, requeue: Requeue, changed: bool) -> None:
+        if requeue.act:
+            self.queue.add(key, urgent=True)
+            self._quiet.pop(key, None)
+            return
+        seconds = requeue.seconds
+        quiet = 0 if changed or not requeue.waiting else self._quiet.get(key, 0) + 1
+        self._quiet[key] = quiet
+        if quiet:
+            seconds = min(seconds * 1.5 ** min(quiet, 8), max(seconds, WAITING_MAX))
+            if requeue.deadline is not None:
+                seconds = min(seconds, max(requeue.deadline, requeue.seconds))
+        self.queue.add_after(key, min(seconds, self.max_requeue), jitter=REQUEUE_JITTER)
+
+    def _forget(self, key: Key) -> None:
+        """The RTJ is gone: no series, no requeue, no bookkeeping left behind."""
+        self.queue.remove(key)
+        self._quiet.pop(key, None)
+        metrics.forget(*key)
+
+    def _node(self, name: str) -> dict[str, Any] | None:
+        """From the node watch; a GET only for a node it has not delivered (yet, or any more)."""
+        node = self.stores.nodes.get("", name)
+        if node is not None:
+            return node
+        with self._lock:
+            missed = self._node_misses.get(name)
+        if missed is not None and self._clock() - missed < NODE_MISS_SECONDS:
+            return None
+        node = self.writer.get("Node", name)
+        if node is None:
+            with self._lock:
+                self._node_misses[name] = self._clock()
+        return node

@@ -1,0 +1,198 @@
+"""What one pass sees of an RTJ's world: the RTJ, its Service, Job and PVC, the current Job's pods and
+their nodes. Read from the watch-fed stores (the operator) or from the API server (tools and tests:
+`World.read`); either way a pass gets its own copies, so nothing it does reaches a store.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from . import api, ladder
+from .actions import rejected
+from .builders import build_job, build_pvc, coordinator_name, job_name, pvc_name, service_name
+from .builders.job import template_hash, template_pod
+from .builders.names import selector_labels
+from .kube import Kube, KubeError
+from .spec import RTJ
+from .stores import Stores
+
+# A pre-flight check of the storage (fsx.py): (ok, reason, message). It runs only before the Job exists.
+StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
+# A cloud check of a lost node (fencing.py): evidence that it runs nothing any more, or ''.
+CloudFencing = Callable[[dict[str, Any]], str]
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def owned_by(obj: dict[str, Any] | None, uid: str) -> bool:
+    return obj is not None and any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences")
+                                   or [])
+
+
+@dataclass
+class World:
+    rtj: dict[str, Any]
+    service: dict[str, Any] | None = None
+    job: dict[str, Any] | None = None
+    pvc: dict[str, Any] | None = None
+    # Pods of the current Job: our labels select, the Job's owner reference decides (a pod that only
+    # carries our labels, made by anyone who may create pods here, is not ours to count).
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: the node is gone
+    coordinator: dict[str, Any] | None = None  # the coordinator pod (builders/coordinator.py), if any
+    # Answers from outside, asked for before the pass decides (probe()): (ok, reason, message) of the
+    # storage check, when it ran; (accepted, message) of a server-side dry run of a changed Job.
+    storage: tuple[bool, str, str] | None = None
+    template: tuple[bool, str] | None = None
+    # Of the gang's lost nodes: evidence from a cloud check that one runs nothing any more (fencing.py),
+    # and (nodes, lost nodes) of their zones, for the mass-loss brake.
+    cloud_fencing: dict[str, str] = field(default_factory=dict)
+    zones: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The nodes a pod of the job would fit on (capacity.py: name -> uid), asked while it waits for capacity.
+    fitting_nodes: dict[str, str] | None = None
+    # Kueue's Workload for the Job (queued jobs, read while it matters: see probe), or why it could not be.
+    workload: dict[str, Any] | None = None
+    workload_error: str = ""
+    # Whether this pass read the Workload (a running, admitted gang's is not read: status keeps it).
+    workload_read: bool = False
+    # Pods of the current Job deleted moments ago, as last seen (stores.py `departed`): only their
+    # termination reports are read (the final checkpoint step of a gang stopped by a suspend).
+    departed: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, job: dict[str, Any] | None,
+                 pvc: dict[str, Any] | None, pods: list[dict[str, Any]],
+                 node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None) -> World:
+        rtj = RTJ.from_body(rtj_body)
+        job_uid = (job or {}).get("metadata", {}).get("uid")
+        mine = [p for p in pods if job_uid and owned_by(p, job_uid)]
+        if coordinator is not None and not owned_by(coordinator, rtj.uid):
+            coordinator = None  # labelled like ours, made by someone else: not ours to count (a create reports it)
+        names = sorted({p.get("spec", {}).get("nodeName") for p in [*mine, *([coordinator] if coordinator else [])]}
+                       - {None, ""})
+        if build_pvc(rtj) is None:
+            pvc = None  # an existing claim is the user's: not read, not checked
+        return cls(copy.deepcopy(rtj_body), copy.deepcopy(service), copy.deepcopy(job), copy.deepcopy(pvc),
+                   copy.deepcopy(mine), {n: copy.deepcopy(node(n)) for n in names}, copy.deepcopy(coordinator))
+
+    @classmethod
+    def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],
+                    node: Callable[[str], dict[str, Any] | None] | None = None) -> World:
+        rtj = RTJ.from_body(rtj_body)
+        ns = rtj.namespace
+        pods = [p for p in stores.pods.indexed("rtj", (ns, rtj.name))]
+        world = cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
+                             stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
+                             stores.pods.get(ns, coordinator_name(rtj)))
+        job_uid = (world.job or {}).get("metadata", {}).get("uid")
+        world.departed = [copy.deepcopy(p) for p in stores.pods.departed("rtj", (ns, rtj.name))
+                          if job_uid and owned_by(p, job_uid)]
+        return world
+
+    def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
+              cloud_fencing: CloudFencing | None = None,
+              zone_health: Callable[[str], tuple[int, int]] | None = None,
+              fitting: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> World:
+        """Ask what the pass needs to know from outside: the storage check before the Job exists;
+        whether the server takes a Job whose pod template changed (a rejected edit must not take the
+        running gang down); for lost nodes, a cloud check of fencing and the health of their zones.
+        Each only when its answer can change what the pass does."""
+        rtj = RTJ.from_body(self.rtj)
+        now = datetime.datetime.now(datetime.UTC)
+        lost = {name: node for name, node in self.nodes.items() if node is not None and ladder.node_lost(node, now)}
+        if cloud_fencing is not None:
+            self.cloud_fencing = {name: evidence for name, node in lost.items() if (evidence := cloud_fencing(node))}
+        if zone_health is not None:
+            for node in lost.values():
+                zone = (node["metadata"].get("labels") or {}).get(ZONE_LABEL)
+                if zone and zone not in self.zones:
+                    self.zones[zone] = zone_health(zone)
+        status = self.rtj.get("status") or {}
+        waiting = bool((status.get("recovery") or {}).get("suspendedForCapacity")) or any(
+            ladder.unschedulable(p) for p in self.pods) or any(
+            c.get("type") == "WaitingForCapacity" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if fitting is not None and waiting:
+            self.fitting_nodes = fitting(build_job(rtj)["spec"]["template"]["spec"])
+        self.workload, self.workload_error, self.workload_read = read_workload(kube, self, rtj)
+        if storage_check is not None and self.job is None and not self.rtj["metadata"].get("deletionTimestamp"):
+            self.storage = storage_check(rtj)
+        desired = changed_template(self, rtj)
+        if desired is not None:
+            kopf.adopt(desired, owner=rtj.owner)
+            self.template = dry_run_template(kube, desired)
+        return self
+
+    @classmethod
+    def read(cls, kube: Kube, rtj_body: dict[str, Any]) -> World:
+        """The world as the API server has it now (GETs and a LIST): tools and tests."""
+        rtj = RTJ.from_body(rtj_body)
+        ns = rtj.namespace
+        pvc = kube.get("PersistentVolumeClaim", pvc_name(rtj), ns) if build_pvc(rtj) is not None else None
+        job = kube.get("Job", job_name(rtj), ns)
+        pods = kube.list("Pod", ns, selector_labels(rtj)) if job is not None else []
+        return cls.assemble(rtj_body, kube.get("Service", service_name(rtj), ns), job, pvc, pods,
+                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns))
+
+
+def dry_run_template(kube: Kube, job: dict[str, Any]) -> tuple[bool, str]:
+    """Would the server take the Job, and a pod of its template? (accepted, the server's words)"""
+    for obj in (job, template_pod(job)):
+        try:
+            kube.create(obj, dry_run=True)
+        except KubeError as exc:
+            if exc.status == 409:  # validation runs before the name clash: the server takes it
+                continue
+            if rejected(exc):
+                return False, str(exc)
+            if obj is job:
+                raise
+            # A pod refused for another reason (a full ResourceQuota the running gang holds, RBAC): not
+            # the spec's fault, and the Job controller retries its pods.
+    return True, ""
+
+
+def read_workload(kube: Kube, world: World, rtj: RTJ) -> tuple[dict[str, Any] | None, str, bool]:
+    """The Workload Kueue made for a queued Job (by its job-uid label), read only while it can change what
+    the pass does: the Job is suspended (queued, preempted), the RTJ is suspended or over (the Workload
+    is to be deactivated), or the last status did not see it admitted. A running, admitted gang costs no
+    read."""
+    job = world.job
+    labels = ((job or {}).get("metadata") or {}).get("labels") or {}
+    if job is None or not owned_by(job, rtj.uid) or not (rtj.queue_name or labels.get(api.KUEUE_QUEUE_LABEL)):
+        return None, "", False
+    status = world.rtj.get("status") or {}
+    if not (job["spec"].get("suspend") or rtj.spec["suspend"] or status.get("phase") == "Failed"
+            or not (status.get("queue") or {}).get("admitted")):
+        return None, "", False
+    try:
+        items = kube.list("Workload", rtj.namespace, {api.KUEUE_JOB_UID_LABEL: job["metadata"]["uid"]})
+    except KubeError as exc:
+        if exc.status in (403, 404):
+            return None, f"Kueue's Workload API cannot be read (HTTP {exc.status})", True
+        raise
+    live = [w for w in items if not w["metadata"].get("deletionTimestamp")]
+    live.sort(key=lambda w: w["metadata"].get("creationTimestamp") or "")
+    return (live[-1] if live else None), "", True
+
+
+def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
+    """The Job that should replace the current one because the pod template changed, if so."""
+    job = world.job
+    if job is None or job["metadata"].get("deletionTimestamp") or not owned_by(job, rtj.uid):
+        return None
+    attempt = int((world.rtj.get("status") or {}).get("attempt") or 1)
+    try:
+        if int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, 1)) != attempt:
+            return None
+    except (TypeError, ValueError):
+        return None
+    desired = build_job(rtj, attempt)
+    have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
+    if have is None or have == template_hash(desired):
+        return None  # unchanged, or an earlier operator's Job, adopted as it is (reconcile.ensure_job)
+    return desired

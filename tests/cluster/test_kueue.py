@@ -1,0 +1,136 @@
+"""Issue 18.1 with the real Kueue (v0.17, built from its Go module by hack/kube/kueue.sh) and its webhooks
+on the local control plane: an RTJ with a queue is admitted by Kueue only when its ClusterQueue has
+quota for the whole gang, waits Queued (with Kueue's reason) otherwise, is preempted by a higher
+priority RTJ without a charge to any budget and runs again once the quota is back; spec.suspend goes
+through Kueue (the Workload deactivated), never against it. kwok plays the kubelets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from conftest import Job, rtj_body, wait_until
+from rtj_dev.kueue import LocalKueue
+
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+# One gang of two p5 pods (the builder's requests: 20 CPUs and 200 GiB per GPU, 8 GPUs, 32 EFA).
+ONE_GANG = {"cpu": "320", "memory": "3200Gi", "nvidia.com/gpu": "16", "vpc.amazonaws.com/efa": "64"}
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster) -> Iterator[LocalKueue]:
+    with LocalKueue(cluster).start() as k:
+        yield k
+
+
+@pytest.fixture
+def queue(cluster, kueue, ns) -> Iterator[str]:
+    """A ClusterQueue with quota for one gang (preempting lower priorities within it), its LocalQueue in
+    the test namespace, and two WorkloadPriorityClasses."""
+    cq = f"cq-{ns}"[:63]
+    resources = sorted(ONE_GANG)
+    for name, value in (("low", 100), ("high", 1000)):
+        cluster.api("POST", f"{KUEUE}/workloadpriorityclasses", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": f"{name}-{ns}"[:63]}, "value": value})
+    cluster.api("POST", f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                                      "kind": "ResourceFlavor", "metadata": {"name": cq}})
+    cluster.api("POST", f"{KUEUE}/clusterqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {}, "preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{"coveredResources": resources, "flavors": [{"name": cq, "resources": [
+                     {"name": r, "nominalQuota": ONE_GANG[r]} for r in resources]}]}]}})
+    cluster.api("POST", f"{KUEUE}/namespaces/{ns}/localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "gpus", "namespace": ns},
+        "spec": {"clusterQueue": cq}})
+    yield "gpus"
+    for path in (f"{KUEUE}/namespaces/{ns}/localqueues/gpus", f"{KUEUE}/clusterqueues/{cq}",
+                 f"{KUEUE}/resourceflavors/{cq}", f"{KUEUE}/workloadpriorityclasses/low-{ns}"[:200],
+                 f"{KUEUE}/workloadpriorityclasses/high-{ns}"[:200]):
+        try:
+            cluster.api("DELETE", path)
+        except RuntimeError:
+            pass
+
+
+def make(kube, ns: str, name: str, queue: str, priority: str = "", **spec) -> Job:
+    """An RTJ with no budget to spare: a single charge would fail it."""
+    body = rtj_body(name, ns, queueName=queue, restartBudget={"maxRestarts": 0, "maxDisruptions": 0}, **spec)
+    if priority:
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": f"{priority}-{ns}"[:63]}
+    kube.create(body)
+    return Job(kube, ns, name)
+
+
+def queued(job: Job) -> dict | None:
+    cond = job.condition("Queued")
+    return cond if cond.get("status") == "True" and job.status().get("phase") == "Queued" else None
+
+
+def finish(job: Job) -> None:
+    for pod in job.running_pods():
+        job.exit_pod(pod, 0, reason="Completed")
+    job.wait_phase("Succeeded", timeout=60)
+
+
+def test_the_second_gang_waits_queued_and_starts_when_the_first_finishes(kube, ns, operator, queue):
+    first = make(kube, ns, "first", queue)
+    st = first.wait_running(nodes=2, timeout=90)
+    assert st["queue"]["admitted"] and st["queue"]["clusterQueue"].startswith("cq-"), st
+    assert first.condition("Admitted")["status"] == "True"
+    second = make(kube, ns, "second", queue)
+    cond = wait_until(lambda: queued(second), timeout=60, what="the second gang Queued")
+    assert "insufficient" in cond["message"].lower() or "quota" in cond["message"].lower(), cond
+    assert second.job()["spec"]["suspend"] is True and not second.pods()
+    assert second.coordinator() is None  # nothing of a queued gang runs
+    finish(first)
+    st = second.wait_running(nodes=2, timeout=90)
+    assert (st.get("jobRestarts"), st.get("disruptions"), st.get("restarts")) == (0, 0, 0), st
+    assert second.condition("Queued")["status"] == "False"
+
+
+def test_a_higher_priority_gang_preempts_a_lower_one_which_is_charged_nothing_and_resumes(
+        kube, ns, operator, queue, cluster):
+    low = make(kube, ns, "low", queue, priority="low")
+    low.wait_running(nodes=2, timeout=90)
+    for pod in low.running_pods():  # the workers' last checkpoint, as their termination report says it
+        kube.patch("Pod", pod["metadata"]["name"], ns, {"metadata": {"annotations": {
+            "kwok.rtj.dev/exit-on-delete": "1",
+            "kwok.rtj.dev/exit-message": '{"exitCode": 1, "reason": "stopped", "checkpointStep": 40}'}}})
+    workload, job_uid = low.status()["queue"]["workload"], low.job()["metadata"]["uid"]
+    high = make(kube, ns, "high", queue, priority="high")
+    wait_until(lambda: queued(low), timeout=90, what="the low gang preempted")
+    # Kueue evicted the low gang's Workload for the high one (not a lost quota or an admission check).
+    evicted = next(c for c in cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["status"]
+                   ["conditions"] if c["type"] == "Evicted")
+    assert (evicted["status"], evicted["reason"]) == ("True", "Preempted"), evicted
+    high.wait_running(nodes=2, timeout=90)
+    wait_until(lambda: not [p for p in low.pods() if p["status"].get("phase") in ("Pending", "Running")],
+               timeout=60, what="the low gang's pods gone")
+    st = low.status()
+    assert (st.get("jobRestarts"), st.get("disruptions"), st.get("restarts")) == (0, 0, 0), st
+    assert st["attempt"] == 1 and "Queued" in low.reasons(), st
+    # The checkpoint the stopped workers committed is the one the gang resumes from (the same Job and PVC:
+    # its pods load the newest checkpoint, as the e2e suspend test shows with real training).
+    assert st.get("lastCheckpointStep") == 40, st
+    finish(high)
+    st = low.wait_running(nodes=2, timeout=120)
+    assert (st.get("jobRestarts"), st.get("disruptions"), st["attempt"]) == (0, 0, 1), st
+    assert st.get("lastCheckpointStep") == 40 and low.job()["metadata"]["uid"] == job_uid, st  # same gang
+
+
+def test_suspend_deactivates_the_workload_and_resume_requeues_it(kube, ns, operator, queue, cluster):
+    job = make(kube, ns, "train", queue)
+    job.wait_running(nodes=2, timeout=90)
+    workload = job.status()["queue"]["workload"]
+    job.patch({"suspend": True})
+    job.wait_phase("Suspended", timeout=60)
+    wl = cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")
+    assert wl["spec"]["active"] is False
+    wait_until(lambda: job.job()["spec"]["suspend"] is True, timeout=60, what="Kueue suspended the Job")
+    assert "WorkloadDeactivated" in job.reasons()
+    job.patch({"suspend": False})
+    st = job.wait_running(nodes=2, timeout=90)
+    assert cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["spec"]["active"] is True
+    assert (st.get("jobRestarts"), st.get("disruptions"), st["attempt"]) == (0, 0, 1), st

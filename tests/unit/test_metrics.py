@@ -1,0 +1,98 @@
+"""Per-job Prometheus series (metrics.py): from the status as written, labelled by namespace and name
+only, computed at scrape time, and gone with the RTJ."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+
+from rtj_operator import metrics
+
+STATUS = {
+    "phase": "Running", "nodesReady": 3, "nodesDesired": 2, "jobRestarts": 1, "disruptions": 4,
+    "restartCounts": [{"tier": "InProcess", "reason": "RuntimeError", "charged": "job", "count": 5},
+                      {"tier": "ReplacePod", "reason": "NodeLost", "charged": "platform", "count": 2}],
+    "lastRecovery": {"tier": "Launcher", "reason": "RankKilled", "seconds": 12.5, "time": "2026-12-03T10:00:00Z"},
+    "lastCheckpointStep": 400, "lastCheckpointTime": "2026-12-03T10:00:00Z",
+    "progress": {"step": 420, "stepTime": "2026-12-03T10:00:20Z", "stepSeconds": 0.5},
+    "goodput": {"training": 0.8, "infrastructure": 0.9},
+}
+SPEC = {"restartBudget": {"maxRestarts": 3, "maxDisruptions": 10, "maxRestartsWithoutProgress": 2},
+        "checkpoint": {"intervalSteps": 200}}
+JOB = {"namespace": "team-a", "name": "llama"}
+T = 1796292000.0  # 2026-12-03T10:00:00Z
+
+
+@pytest.fixture
+def job():
+    metrics.record_job("team-a", "llama", STATUS, SPEC)
+    yield
+    metrics.forget("team-a", "llama")
+
+
+@pytest.mark.parametrize("name, labels, value", [
+    ("rtj_job_phase", {"phase": "Running"}, 1.0),
+    ("rtj_job_phase", {"phase": "Restarting"}, 0.0),
+    ("rtj_job_nodes_ready", {}, 3.0),
+    ("rtj_job_nodes_desired", {}, 2.0),
+    ("rtj_job_restarts_total", {"tier": "InProcess", "reason": "RuntimeError", "charged": "job"}, 5.0),
+    ("rtj_job_restarts_total", {"tier": "ReplacePod", "reason": "NodeLost", "charged": "platform"}, 2.0),
+    ("rtj_job_last_recovery_seconds", {"tier": "Launcher"}, 12.5),
+    ("rtj_job_budget_remaining", {"budget": "maxRestarts"}, 2.0),
+    ("rtj_job_budget_remaining", {"budget": "maxDisruptions"}, 6.0),
+    ("rtj_job_budget_remaining", {"budget": "maxRestartsWithoutProgress"}, 2.0),
+    ("rtj_job_checkpoint_step", {}, 400.0),
+    ("rtj_job_checkpoint_timestamp_seconds", {}, T),
+    ("rtj_job_checkpoint_interval_seconds", {}, 100.0),
+    ("rtj_job_step", {}, 420.0),
+    ("rtj_job_step_timestamp_seconds", {}, T + 20),
+    ("rtj_job_step_seconds", {}, 0.5),
+    ("rtj_job_goodput_ratio", {"kind": "training"}, 0.8),
+    ("rtj_job_goodput_ratio", {"kind": "infrastructure"}, 0.9),
+])
+def test_a_jobs_series_come_from_its_status(job, name, labels, value):
+    assert REGISTRY.get_sample_value(name, {**JOB, **labels}) == value
+
+
+def test_the_checkpoint_age_is_taken_at_scrape_time(job):
+    age = REGISTRY.get_sample_value("rtj_checkpoint_age_seconds", JOB)
+    assert age == pytest.approx(time.time() - T, abs=5)
+
+
+def test_labels_are_bounded_no_pod_no_step(job):
+    text = generate_latest(REGISTRY).decode()
+    lines = [line for line in text.splitlines() if line.startswith("rtj_job_") and 'name="llama"' in line]
+    assert lines
+    allowed = {"namespace", "name", "phase", "tier", "reason", "charged", "budget", "kind"}
+    for line in lines:
+        keys = {pair.split("=")[0] for pair in line[line.index("{") + 1:line.index("}")].split(",")}
+        assert keys <= allowed, line
+
+
+def test_a_deleted_jobs_series_disappear():
+    metrics.record_job("team-a", "gone", STATUS, SPEC)
+    assert REGISTRY.get_sample_value("rtj_job_step", {"namespace": "team-a", "name": "gone"}) == 420.0
+    assert REGISTRY.get_sample_value("rtj_jobs", {"phase": "Running"}) >= 1
+    metrics.forget("team-a", "gone")
+    text = generate_latest(REGISTRY).decode()
+    assert 'name="gone"' not in text
+
+
+def test_a_job_without_a_report_has_no_progress_series():
+    metrics.record_job("team-a", "quiet", {"phase": "Pending"}, {})
+    try:
+        assert REGISTRY.get_sample_value("rtj_job_phase", {"namespace": "team-a", "name": "quiet",
+                                                           "phase": "Pending"}) == 1.0
+        for name in ("rtj_job_step", "rtj_job_checkpoint_step", "rtj_checkpoint_age_seconds"):
+            assert REGISTRY.get_sample_value(name, {"namespace": "team-a", "name": "quiet"}) is None
+    finally:
+        metrics.forget("team-a", "quiet")
+
+
+def test_every_phase_is_exported_before_any_job():
+    """rtj_jobs has samples on an operator with no job yet (an alert on its absence stays quiet)."""
+    text = generate_latest(REGISTRY).decode()
+    assert all(f'rtj_jobs{{phase="{p}"}}' in text for p in metrics.PHASES)
+

@@ -1,0 +1,590 @@
+"""reconcile() as a pure function, table-tested in the style of JobSet's controller tests: a World
+built by hand in, the Intent (actions, status, events, requeue) out; settle() folding action
+results in. No API server: tests/cluster/test_reconcile.py and tests/cluster/test_recovery.py run the same code
+against the local control plane."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import kopf
+import pytest
+
+from conftest import rtj_body
+from rtj_operator import api, ladder
+from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
+from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
+from rtj_operator.builders.job import template_hash
+from rtj_operator.reconcile import reconcile, settle
+from rtj_operator.spec import RTJ
+from rtj_worker import exit_codes
+
+NOW = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
+
+
+def ts(seconds_ago: float) -> str:
+    return (NOW - datetime.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def owned(obj: dict[str, Any], body: dict[str, Any], uid: str) -> dict[str, Any]:
+    kopf.adopt(obj, owner=RTJ.from_body(body).owner)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def node(name: str, ready: str = "True", since: float = 3600) -> dict[str, Any]:
+    taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}] if ready == "Unknown" else []
+    return {"metadata": {"name": name}, "spec": {"taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ts(since)}]}}
+
+
+def pod(index: int, phase: str = "Running", code: int | None = None, node_name: str | None = None,
+        deleting: float | None = None, attempt: int = 1) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"train-{index}-x{attempt}", "namespace": "default",
+                            "uid": f"pod-{index}-{attempt}",
+                            "labels": {api.LABEL_NAME: "train", api.LABEL_MANAGED_BY: api.MANAGER},
+                            "ownerReferences": [{"uid": "job-uid", "kind": "Job", "name": "train"}],
+                            "creationTimestamp": ts(600)}
+    if deleting is not None:
+        meta["deletionTimestamp"], meta["deletionGracePeriodSeconds"] = ts(deleting - 120), 120
+    status: dict[str, Any] = {"phase": phase, "conditions": [{"type": "Ready", "status": str(phase == "Running")}]}
+    if code is not None:
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code, "finishedAt": ts(1)}}}]
+    return {"metadata": meta, "spec": {"nodeName": node_name or f"n{index}"}, "status": status}
+
+
+class W:
+    """A world under construction: an RTJ and, by default, its converged children with 2 pods Running."""
+
+    def __init__(self, children: bool = True, pods: int = 2, **spec: Any):
+        from rtj_operator.world import World
+        self.body = rtj_body(**spec)
+        self.body["metadata"]["resourceVersion"] = "10"
+        rtj = RTJ.from_body(self.body)
+        self.world = World(self.body)
+        if children:
+            self.world.service = owned(build_service(rtj), self.body, "svc-uid")
+            self.world.pvc = build_pvc(rtj)
+            self.world.pvc["metadata"]["uid"] = "pvc-uid"
+            self.job(1)
+            self.world.pods = [pod(i) for i in range(pods)]
+            self.world.nodes = {f"n{i}": node(f"n{i}") for i in range(pods)}
+            self.coordinator(1)
+            self.body["status"] = {"phase": "Running", "attempt": 1, "startTime": ts(600)}
+
+    def coordinator(self, attempt: int, phase: str = "Running", node_name: str = "cpu-0") -> W:
+        coord = build_coordinator(RTJ.from_body(self.body), attempt)
+        if coord is not None:
+            coord = owned(coord, self.body, f"coord-uid-{attempt}")
+            coord["spec"]["nodeName"] = node_name
+            coord["status"] = {"phase": phase}
+            self.world.nodes[node_name] = node(node_name)
+        self.world.coordinator = coord
+        return self
+
+    def job(self, attempt: int, deleting: bool = False, **status: Any) -> W:
+        job = owned(build_job(RTJ.from_body(self.body), attempt), self.body, "job-uid")
+        job["status"] = status
+        if deleting:
+            job["metadata"]["deletionTimestamp"] = ts(5)
+        self.world.job = job
+        return self
+
+    def status(self, **fields: Any) -> W:
+        self.body["status"].update(fields)
+        return self
+
+    def run(self, now: datetime.datetime = NOW):
+        return reconcile(copy.deepcopy(self.world), now)
+
+
+def verbs(intent) -> list[tuple[str, str]]:
+    return [(a.verb, a.kind) for a in intent.actions]
+
+
+def reasons(intent) -> list[str]:
+    return [e.reason for e in intent.events]
+
+
+# --- children ------------------------------------------------------------------------------------
+def test_a_new_rtj_creates_its_children_in_order_owned_by_it():
+    intent = W(children=False).run()
+    assert verbs(intent) == [(CREATE, "Service"), (CREATE, "PersistentVolumeClaim"), (CREATE, "Pod"), (CREATE, "Job")]
+    service, pvc, coordinator, job = (a.body for a in intent.actions)
+    assert coordinator["metadata"]["name"] == "train-rdzv" and coordinator["spec"]["hostname"] == "train-rdzv"
+    assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["ownerReferences"][0]["uid"] \
+        == "uid-train"
+    assert "ownerReferences" not in pvc["metadata"]  # retention Retain: the claim outlives the job
+    assert all(a.gates for a in intent.actions)
+    assert intent.status.phase == "Pending" and intent.requeue.waiting
+
+
+def test_a_converged_world_yields_nothing_to_do():
+    w = W()
+    first = w.run()
+    assert first.actions == [] and first.status.phase == "Running"
+    w.body["status"] = first.status.to_dict()
+    again = w.run()
+    assert again.actions == [] and again.events == [] and again.status == first.status
+    assert again.requeue.seconds == 60 and not again.requeue.act
+
+
+def test_an_object_we_do_not_own_holding_a_childs_name_stops_everything():
+    w = W()
+    w.world.service["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    intent = w.run()
+    assert intent.actions == [] and intent.status.phase == "Pending"
+    assert reasons(intent) == ["ChildConflict"]
+
+
+def test_an_invalid_spec_creates_nothing_and_says_why():
+    intent = W(children=False, nodes={"count": 3, "max": 2}).run()
+    assert intent.actions == [] and intent.status.phase == "Invalid" and reasons(intent) == ["InvalidSpec"]
+
+
+def test_a_changed_template_makes_a_new_gang_only_if_the_server_takes_it():
+    w = W(image="worker:2")  # the spec says worker:2; the running Job still runs worker:1
+    w.world.job = owned(build_job(RTJ.from_body(rtj_body()), 1), w.body, "job-uid")
+    w.world.template = (False, "denied by policy")
+    rejected = w.run()
+    assert rejected.actions == [] and rejected.status.attempt == 1 and "InvalidSpec" in reasons(rejected)
+    w.world.template = (True, "")
+    accepted = w.run()
+    assert accepted.status.attempt == 2 and accepted.status.recovery.pending_gang_restart == "SpecChanged"
+    assert accepted.requeue.act and accepted.status.job_restarts == 0 and accepted.actions == []
+
+
+def test_the_old_gang_is_deleted_only_once_status_names_the_next_attempt():
+    intent = W().status(attempt=2, recovery={"pendingGangRestart": "RendezvousFailed"}).run()
+    coordinator, delete = intent.actions
+    assert (coordinator.verb, coordinator.kind, coordinator.uid) == (DELETE, "Pod", "coord-uid-1")
+    assert (delete.verb, delete.kind, delete.propagation, delete.uid) == (DELETE, "Job", "Foreground", "job-uid")
+    assert intent.status.phase == "Restarting"
+
+
+def test_the_next_gang_is_created_once_the_old_job_is_gone():
+    w = W().status(attempt=2, recovery={"pendingGangRestart": "RendezvousFailed"})
+    w.world.job, w.world.pods = None, []
+    # The old gang's coordinator still answers its DNS name: it goes first, the new gang waits for it.
+    assert verbs(w.run()) == [(DELETE, "Pod")]
+    w.world.coordinator = None
+    intent = w.run()
+    assert verbs(intent) == [(CREATE, "Pod"), (CREATE, "Job")]
+    assert intent.actions[1].body["metadata"]["annotations"][api.LABEL_ATTEMPT] == "2"
+    settled = settle(intent, [Result(a) for a in intent.actions], w.world, NOW)
+    assert settled.status.recovery.pending_gang_restart == ""
+    assert [e.reason for e in settled.events if e.done] == ["Created", "Created"]
+
+
+def test_suspend_patches_the_running_job_and_a_budget_edit_changes_nothing_in_it():
+    w = W(suspend=True, restartBudget={"maxRestarts": 5})
+    w.world.job = owned(build_job(RTJ.from_body(rtj_body()), 1), w.body, "job-uid")
+    coordinator, patch = w.run().actions
+    assert (patch.verb, patch.body) == (PATCH, {"spec": {"suspend": True}})  # the budget is the operator's
+    assert patch.event[1] == "Suspended" and (coordinator.verb, coordinator.kind) == (DELETE, "Pod")
+
+
+def test_a_job_an_earlier_operator_made_is_adopted_as_it_runs():
+    """Its whole-spec hash differs from anything this operator computes: no new gang on an upgrade; the
+    template hash is added and the old Job-wide backstop lifted."""
+    w = W()
+    legacy = w.world.job
+    legacy["metadata"]["annotations"] = {api.LABEL_ATTEMPT: "1", api.ANNOTATION_LEGACY_SPEC_HASH: "0123abcd"}
+    legacy["spec"].pop("backoffLimitPerIndex")
+    legacy["spec"]["backoffLimit"] = 4
+    (patch,) = w.run().actions
+    assert patch.body == {"metadata": {"annotations": {api.ANNOTATION_TEMPLATE_HASH: template_hash(
+        build_job(RTJ.from_body(w.body)))}}, "spec": {"backoffLimit": 2**31 - 1}}
+    assert w.run().status.attempt == 1
+
+
+# --- the ladder, pass by pass ----------------------------------------------------------------------
+def test_a_failed_pod_is_charged_once_to_the_job():
+    w = W()
+    w.world.pods[1] = pod(1, "Failed", code=1)
+    first = w.run()
+    st = first.status
+    assert (st.job_restarts, st.disruptions, st.restarts) == (1, 0, 1) and st.phase == "Restarting"
+    assert st.recovery.seen_pods == ["pod-1-1"] and "ReplacePod" in reasons(first)
+    w.body["status"] = st.to_dict()
+    again = w.run()
+    assert again.status.job_restarts == 1 and "ReplacePod" not in reasons(again)
+
+
+def test_a_lost_node_is_charged_as_a_disruption_then_its_pod_evicted():
+    w = W(restartBudget={"nodeLossGraceSeconds": 30})
+    w.world.nodes["n1"] = node("n1", "Unknown", since=10)
+    blip = w.run()
+    assert blip.status.disruptions == 0 and blip.requeue.seconds == 20  # within the grace: look again then
+    w.world.nodes["n1"] = node("n1", "Unknown", since=31)
+    charged = w.run()
+    assert charged.status.disruptions == 1 and charged.actions == [] and charged.requeue.act
+    w.body["status"] = charged.status.to_dict()
+    acted = w.run()
+    assert [(a.verb, a.name, a.uid) for a in acted.actions] == [(EVICT, "train-1-x1", "pod-1-1")]
+    assert acted.status.disruptions == 1
+
+
+def test_a_pod_stuck_on_a_lost_node_waits_for_fencing_then_is_failed_and_deleted_guarded_by_its_uid():
+    w = W(restartBudget={"nodeLossGraceSeconds": 1, "terminatingTimeoutSeconds": 60})
+    w.world.nodes["n1"] = node("n1", "Unknown", since=300)
+    w.world.pods[1] = pod(1, deleting=181)  # asked 181 s ago: 61 s past its 120 s grace period
+    w.status(recovery={"seenPods": ["pod-1-1"]}, disruptions=1)
+    unfenced = w.run()
+    assert unfenced.actions == [] and "NodeNotFenced" in reasons(unfenced)
+    cond = next(c for c in unfenced.status.conditions if c["type"] == "WaitingForFencing")
+    assert cond["status"] == "True" and "node n1" in cond["message"] and "train-1-x1" in cond["message"]
+    w.world.nodes["n1"]["spec"]["taints"].append({"key": ladder.OUT_OF_SERVICE, "effect": "NoExecute"})
+    w.body["status"] = unfenced.status.to_dict()
+    (force,) = (fenced := w.run()).actions
+    assert (force.verb, force.uid) == (FAIL_POD, "pod-1-1")
+    assert force.body["metadata"]["uid"] == "pod-1-1" and force.body["status"]["phase"] == "Failed"
+    assert "NodeNotFenced" not in reasons(fenced)  # one event when the wait began
+
+
+def test_a_pod_stuck_terminating_on_a_healthy_node_is_reported_once():
+    w = W(restartBudget={"terminatingTimeoutSeconds": 60})
+    w.world.pods[1] = pod(1, deleting=200)
+    first = w.run()
+    assert first.actions == [] and reasons(first).count("PodStuckTerminating") == 1
+    w.body["status"] = first.status.to_dict()
+    assert "PodStuckTerminating" not in reasons(w.run())
+
+
+def test_a_failed_rendezvous_restarts_the_gang_once():
+    w = W()
+    w.world.pods = [pod(0, "Failed", code=exit_codes.RENDEZVOUS_FAILED),
+                    pod(1, "Failed", code=exit_codes.RENDEZVOUS_FAILED)]
+    intent = w.run()
+    st = intent.status
+    assert (st.job_restarts, st.restarts_by_tier["GangRestart"], st.attempt) == (1, 1, 2)
+    assert st.recovery.pending_gang_restart == "RendezvousFailed" and intent.requeue.act
+
+
+def test_node_0_lost_and_its_peers_rendezvous_exit_are_one_disruption():
+    w = W()
+    w.world.nodes["n0"] = node("n0", "Unknown", since=5)
+    w.world.pods[1] = pod(1, "Failed", code=exit_codes.RENDEZVOUS_HOST_LOST)
+    st = w.run().status
+    assert (st.disruptions, st.job_restarts) == (1, 0) and st.recovery.charged.nodes == ("n0",)
+
+
+@pytest.mark.parametrize("code, reason", [(exit_codes.CONFIG_ERROR, "ConfigError"),
+                                          (exit_codes.PERMANENT_FAILURE, "PermanentFailure")])
+def test_a_permanent_failure_fails_the_job_then_its_gang_is_suspended(code, reason):
+    w = W()
+    w.world.pods[0] = pod(0, "Failed", code=code)
+    failed = w.run()
+    assert failed.status.phase == "Failed" and failed.status.last_failure_reason == reason
+    assert failed.status.job_restarts == 0
+    w.body["status"] = failed.status.to_dict()
+    suspend, coordinator = w.run().actions
+    assert (suspend.verb, suspend.body) == (PATCH, {"spec": {"suspend": True}})
+    assert (coordinator.verb, coordinator.kind) == (DELETE, "Pod")
+
+
+def test_the_budget_ends_a_job_that_keeps_failing():
+    w = W(restartBudget={"maxRestarts": 1, "maxRestartsWithoutProgress": 10})
+    w.status(jobRestarts=1, restarts=1, restartsByTier={"ReplacePod": 1, "GangRestart": 0})
+    w.world.pods[0] = pod(0, "Failed", code=1)
+    st = w.run().status
+    assert st.phase == "Failed" and st.last_failure_reason == "RestartBudgetExhausted"
+
+
+def test_the_jobs_own_failure_is_a_new_gang_charged_to_the_job():
+    w = W().job(1, conditions=[{"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}])
+    intent = w.run()
+    assert intent.status.job_restarts == 1 and intent.status.attempt == 2
+
+
+# --- settle: what the actions did -------------------------------------------------------------------
+def test_a_child_the_server_rejects_is_invalid_spec_and_the_rest_waits():
+    w = W(children=False)
+    intent = w.run()
+    service, *rest = intent.actions
+    results = [Result(service, ok=False, rejected="admission webhook denied"),
+               *(Result(a, ok=False, skipped=True) for a in rest)]
+    settled = settle(intent, results, w.world, NOW)
+    assert settled.status.phase == "Invalid" and "InvalidSpec" in [e.reason for e in settled.events]
+    assert not [e for e in settled.events if e.done] and settled.requeue.seconds == 60
+
+
+def test_a_name_held_by_an_object_we_do_not_own_is_a_conflict():
+    w = W(children=False)
+    intent = w.run()
+    service = intent.actions[0]
+    settled = settle(intent, [Result(service, ok=False, conflict="Service default/train already exists and is not "
+                                                               "owned by this ResilientTrainingJob")], w.world, NOW)
+    assert settled.status.phase == "Pending" and "ChildConflict" in [e.reason for e in settled.events]
+    created = next(c for c in settled.status.conditions if c["type"] == "Created")
+    assert created["reason"] == "ChildConflict" and "not owned" in created["message"]
+
+
+def test_a_refused_eviction_is_reported():
+    w = W(restartBudget={"nodeLossGraceSeconds": 1})
+    w.world.nodes["n1"] = node("n1", "Unknown", since=300)
+    w.status(recovery={"seenPods": ["pod-1-1"]}, disruptions=1)
+    intent = w.run()
+    settled = settle(intent, [Result(intent.actions[0], ok=False, refused="refused")], w.world, NOW)
+    assert "EvictionRefused" in [e.reason for e in settled.events]
+    w.body["status"] = settled.status.to_dict()
+    again = w.run()
+    assert again.actions == intent.actions  # retried, ...
+    assert "EvictionRefused" not in [e.reason for e in settle(again, [Result(again.actions[0], ok=False,
+                                                                             refused="refused")], w.world).events]
+
+
+def test_reconcile_does_not_touch_its_world():
+    w = W()
+    w.world.pods[1] = pod(1, "Failed", code=1)
+    before = copy.deepcopy(w.world)
+    reconcile(w.world, NOW)
+    assert w.world == before
+    assert ladder.FINDINGS  # the tables are module data, not state
+
+
+# --- capacity ------------------------------------------------------------------------------------------
+def unschedulable(index: int) -> dict[str, Any]:
+    p = pod(index, "Pending", attempt=2)
+    p["spec"].pop("nodeName")
+    p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                  "message": "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity "
+                                             "rules, 1 node(s) had untolerated taint "
+                                             "{node.kubernetes.io/unreachable: }"}]
+    return p
+
+
+def waiting_since(w: W, seconds: float, reason: str = "Unschedulable") -> W:
+    w.body["status"]["conditions"] = [{"type": "WaitingForCapacity", "status": "True", "reason": reason,
+                                       "message": "", "lastTransitionTime": ts(seconds), "observedGeneration": 1}]
+    return w
+
+
+def condition(intent, type_: str) -> dict[str, Any]:
+    return next(c for c in intent.status.conditions if c["type"] == type_)
+
+
+def test_a_pod_that_finds_no_node_is_waiting_for_capacity_with_the_schedulers_message():
+    w = W(restartBudget={"capacitySuspendSeconds": 300})
+    w.world.pods[1] = unschedulable(1)
+    intent = w.run()
+    cond = condition(intent, "WaitingForCapacity")
+    assert cond["status"] == "True" and "0/2 nodes are available" in cond["message"]
+    assert "Unschedulable" in reasons(intent) and intent.requeue.seconds <= 300 and intent.actions == []
+
+
+def test_after_capacity_suspend_seconds_the_gang_is_suspended_to_release_its_nodes():
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 301)
+    w.world.pods[1] = unschedulable(1)
+    w.world.fitting_nodes = {"n0": "uid-n0"}
+    decided = w.run()
+    assert decided.status.recovery.suspended_for_capacity and decided.status.recovery.capacity_nodes == ["uid-n0"]
+    assert decided.requeue.act and decided.actions == [] and "SuspendingForCapacity" in reasons(decided)
+    assert condition(decided, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"  # with the decision
+    w.body["status"] = decided.status.to_dict()
+    coordinator, patch = w.run().actions
+    assert patch.body == {"spec": {"suspend": True}} and "WaitingForCapacity" in patch.event[2]
+    assert (coordinator.verb, coordinator.kind) == (DELETE, "Pod")  # the gang's rendezvous goes with it
+
+
+def test_a_gang_suspended_for_capacity_resumes_once_enough_new_nodes_fit():
+    w = waiting_since(W(), 400, "SuspendedForCapacity")
+    w.world.job["spec"]["suspend"] = True
+    w.world.pods, w.world.coordinator = [], None
+    w.status(recovery={"suspendedForCapacity": ts(100), "capacityNodes": ["uid-n0", "uid-n1"]})
+    w.world.fitting_nodes = {"n0": "uid-n0", "n1": "uid-n1"}  # the same nodes: nothing changed for the better
+    still = w.run()
+    assert still.actions == [] and condition(still, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"
+    w.world.fitting_nodes = {"n0": "uid-n0", "n7": "uid-n7"}
+    resumed = w.run()
+    assert not resumed.status.recovery.suspended_for_capacity and resumed.requeue.act
+    w.body["status"] = resumed.status.to_dict()
+    (patch,) = w.run().actions
+    assert patch.body == {"spec": {"suspend": False}}
+    assert resumed.status.job_restarts == 0 and resumed.status.disruptions == 0
+
+
+def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason():
+    w = waiting_since(W(restartBudget={"capacityTimeoutSeconds": 3600, "capacitySuspendSeconds": 300}), 3601)
+    w.world.pods[1] = unschedulable(1)
+    st = w.run().status
+    assert st.phase == "Failed" and st.last_failure_reason == "InsufficientCapacity" and st.job_restarts == 0
+
+
+def test_a_job_another_controller_manages_is_mirrored_not_waited_on():
+    w = W()
+    w.world.job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    w.world.job["status"] = {"ready": 2, "active": 2}
+    w.world.pods = []
+    intent = w.run()
+    assert intent.status.phase == "Running" and intent.actions == [] and "ManagedElsewhere" in reasons(intent)
+    assert condition(intent, "Running")["reason"] == "ManagedElsewhere"
+    w.world.job["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
+    assert w.run().status.phase == "Succeeded"
+
+
+def test_a_failed_rendezvous_right_after_a_platform_fault_recovered_is_its_consequence():
+    """The gang's pods run again before its ranks do: a replacement whose launcher then fails to join
+    the rendezvous (exit 71) within rendezvousTimeoutSeconds follows from the fault, not a new one. Its
+    launcher closed the rendezvous for good, so a new gang starts either way: charged only in the end."""
+    w = W(resiliency={"rendezvousTimeoutSeconds": 60})
+    w.status(restartStartedTime=ts(20), disruptions=1, restarts=1, restartsByTier={"ReplacePod": 1, "GangRestart": 0},
+             recovery={"charged": {"attempt": 1, "nodes": ["n9"], "faults": 1, "platform": True}})
+    recovered = w.run()
+    assert "Recovered" in reasons(recovered) and recovered.status.recovery.fault_settles_at
+    w.body["status"] = recovered.status.to_dict()
+    w.world.pods[1] = pod(1, "Failed", code=exit_codes.RENDEZVOUS_FAILED)
+    st = w.run(NOW + datetime.timedelta(seconds=30)).status
+    assert (st.job_restarts, st.attempt, st.recovery.pending_gang_restart) == (0, 2, "RendezvousFailed")
+    late = w.run(NOW + datetime.timedelta(seconds=90)).status  # past the settling: a new fault of the job
+    assert (late.job_restarts, late.attempt) == (1, 2)
+
+
+# --- the coordinator ----------------------------------------------------------------------------------
+def test_losing_the_coordinator_is_one_disruption_and_a_new_gang_whatever_its_peers_say():
+    w = W(restartBudget={"nodeLossGraceSeconds": 30})
+    w.world.nodes["cpu-0"] = node("cpu-0", "Unknown", since=60)
+    w.world.pods = [pod(0, "Failed", code=exit_codes.RENDEZVOUS_HOST_LOST),
+                    pod(1, "Failed", code=exit_codes.RENDEZVOUS_HOST_LOST)]
+    intent = w.run()
+    st = intent.status
+    assert (st.disruptions, st.job_restarts, st.attempt) == (1, 0, 2), reasons(intent)
+    assert st.recovery.pending_gang_restart == "CoordinatorLost" and reasons(intent).count("NotCharged") == 2
+
+
+def test_a_crashed_coordinator_is_the_jobs_failure_and_a_finished_one_is_nothing():
+    crashed = W()
+    crashed.world.coordinator["status"] = {"phase": "Failed", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 1, "finishedAt": ts(1)}}}]}
+    st = crashed.run().status
+    assert (st.job_restarts, st.attempt, st.recovery.pending_gang_restart) == (1, 2, "CoordinatorFailed")
+    finished = W()
+    finished.world.coordinator["status"] = {"phase": "Succeeded"}
+    assert finished.run().status.attempt == 1
+
+
+def test_node_0_hosts_nothing_with_the_coordinator_and_everything_without_it():
+    with_coordinator = build_job(RTJ.from_body(rtj_body()))["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in with_coordinator["env"]}
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-rdzv.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "1"
+    assert "ports" not in with_coordinator
+    without = build_job(RTJ.from_body(rtj_body(coordinator={"enabled": False})))["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in without["env"]}
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-0.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "0"
+    assert [p["containerPort"] for p in without["ports"]] == [29400, 29401, 29402]
+    assert build_coordinator(RTJ.from_body(rtj_body(coordinator={"enabled": False})), 1) is None
+
+
+# --- spares -----------------------------------------------------------------------------------------
+def test_spares_are_more_pods_of_the_job_and_the_job_runs_with_its_training_nodes():
+    job = build_job(RTJ.from_body(rtj_body(nodes={"count": 2, "spares": 1})))
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    assert env["NNODES"] == "2" and env["RTJ_NNODES"] == "2:3"
+    # Two exits 0 end it, even if the lost index's replacement never found a node.
+    assert job["spec"]["successPolicy"] == {"rules": [{"succeededCount": 2}]}
+    assert "successPolicy" not in build_job(RTJ.from_body(rtj_body(nodes={"count": 2})))["spec"]
+    w = W(pods=3, nodes={"count": 2, "spares": 1})
+    intent = w.run()
+    assert intent.actions == [] and intent.status.phase == "Running"
+    assert (intent.status.nodes_desired, intent.status.nodes_ready, intent.status.standbys) == (2, 3, 1)
+    w.world.pods = w.world.pods[:2]  # a spare took over; the lost pod is being replaced in the background
+    st = w.run().status
+    assert st.phase == "Running" and st.standbys == 0
+
+
+def test_a_standby_that_finds_no_node_never_suspends_a_job_that_trains_on_its_nodes():
+    """nodes 2 + 1 spare, a spare took the lost node's ranks, its replacement finds no node: reported, but
+    the gang keeps its nodes (no suspend, no capacity timeout) because it trains meanwhile."""
+    w = waiting_since(W(pods=3, nodes={"count": 2, "spares": 1},
+                        restartBudget={"capacitySuspendSeconds": 300, "capacityTimeoutSeconds": 600}), 3601)
+    w.world.pods[2] = unschedulable(2)
+    intent = w.run()
+    cond = condition(intent, "WaitingForCapacity")
+    assert cond["status"] == "True" and cond["reason"] == "StandbyUnschedulable", cond
+    assert "trains on its 2 nodes meanwhile, with 0 standby(s)" in cond["message"]
+    assert not intent.status.recovery.suspended_for_capacity and intent.status.phase == "Running"
+    assert intent.actions == []
+
+
+def test_a_deleted_pods_final_report_still_counts():
+    """A gang stopped by a suspend or a preemption: the Job controller removes its pods a moment after
+    their containers ended, maybe before a pass saw them; their final checkpoint step still counts."""
+    w = W()
+    last = pod(0, "Failed", code=1)
+    last["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = '{"checkpointStep": 40}'
+    w.world.pods, w.world.departed = w.world.pods[1:], [last]
+    assert w.run().status.last_checkpoint_step == 40
+
+
+def indexed(p: dict[str, Any], index: int, failures: int = 0) -> dict[str, Any]:
+    p["metadata"]["annotations"] = {ladder.INDEX: str(index), ladder.INDEX_FAILURES: str(failures)}
+    p["metadata"]["finalizers"] = [ladder.JOB_TRACKING]
+    return p
+
+
+def test_short_of_capacity_a_survivors_failed_rendezvous_is_not_charged_in_any_attempt():
+    """The lost node's fault was recovered by a new gang (attempt 2), whose index 1 finds no node: its
+    survivor's launcher gives up on the rendezvous (71). No rendezvous could complete without that pod:
+    not the job's failure. The launcher closed the rendezvous, so a third gang starts, not charged."""
+    w = W()
+    w.status(attempt=2).job(2).coordinator(2)
+    w.world.pods = [indexed(pod(0, "Failed", code=exit_codes.RENDEZVOUS_FAILED, attempt=2), 0), unschedulable(1)]
+    intent = w.run()
+    st = intent.status
+    assert (st.job_restarts, st.disruptions, st.attempt) == (0, 0, 3), st
+    assert "NotCharged" in reasons(intent) and "RecreatingGang" in reasons(intent)
+
+
+@pytest.mark.parametrize("short_of_capacity", [False, True])
+def test_a_long_replacement_backoff_starts_a_new_gang_unless_it_is_short_of_capacity(short_of_capacity):
+    """A replacement later than half the rendezvous timeout: a new gang starts at once, unless a pod of
+    the gang finds no node (the new gang would wait for the same node; only the survivors restart)."""
+    w = W()
+    w.world.pods[0] = indexed(pod(0, "Failed", code=1), 0, failures=6)  # 600 s back-off
+    w.world.pods[1] = indexed(unschedulable(1) if short_of_capacity else w.world.pods[1], 1)
+    w.status(recovery={"seenPods": ["pod-0-1"]})
+    st = w.run().status
+    assert (st.recovery.pending_gang_restart == "ReplacementBackoff") is not short_of_capacity, st.recovery
+
+
+def test_the_capacity_wait_goes_on_while_the_gangs_pods_are_not_placed_yet():
+    """Pods just created (a Job recreated, a replacement) that the scheduler has not judged yet: the wait
+    and its clock go on; resolving it would restart the clock with every new pod."""
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 250)
+    fresh = indexed(pod(1, "Pending"), 1)
+    fresh["spec"].pop("nodeName")
+    w.world.pods[1] = fresh
+    cond = condition(w.run(), "WaitingForCapacity")
+    assert (cond["status"], cond["lastTransitionTime"]) == ("True", ts(250)), cond
+    w.world.pods[1] = indexed(pod(1), 1)  # placed: the wait is over
+    w.world.pods[0] = indexed(w.world.pods[0], 0)
+    assert condition(w.run(), "WaitingForCapacity")["status"] == "False"
+
+
+@pytest.mark.parametrize("asked,charged", [(10, 0), (2, 1)])
+def test_a_pod_a_suspend_deleted_is_not_charged_when_its_end_shows_after_a_quick_resume(asked, charged):
+    """Suspended and resumed within a moment: the Job controller deleted the pods for the suspend, and
+    their ends show only once the Job runs again. A pod deleted before the resume is the suspend's; one
+    deleted after it is a disruption."""
+    w = W()
+    w.world.job["status"] = {"conditions": [{"type": "Suspended", "status": "False", "reason": "JobResumed",
+                                             "lastTransitionTime": ts(5)}]}
+    w.world.pods[0] = pod(0, "Failed", code=1, deleting=asked)
+    st = w.run().status
+    assert (st.disruptions, st.job_restarts) == (charged, 0), st
+
+
+def test_a_gang_whose_pods_take_turns_on_too_few_nodes_is_suspended_after_capacity_suspend_seconds():
+    """Two indexes, one node: each pod in turn gets the node, fails its rendezvous and waits out the Job
+    controller's back-off, so often no pod is unschedulable at the moment a pass looks. The gang still
+    lacks a node: the wait goes on and the gang is suspended when it is due."""
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 60}), 61)
+    w.world.pods = [indexed(pod(0), 0), indexed(pod(1, "Failed", code=exit_codes.GANG_STOPPED), 1, failures=2)]
+    w.world.fitting_nodes = {"n0": "uid-n0"}
+    decided = w.run()
+    assert decided.status.recovery.suspended_for_capacity and "SuspendingForCapacity" in reasons(decided)
+    assert (decided.status.job_restarts, decided.status.attempt) == (0, 1)

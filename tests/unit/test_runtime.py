@@ -1,0 +1,173 @@
+"""The runtime's wiring (runtime.py) without an API server: what a watch event queues, the synced guard
+at start-up, and how requeues stretch while passes change nothing. A fake clock and a fake Kube that
+answers LISTs from memory; no worker threads unless a test starts them."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+import pytest
+
+from rtj_operator import api
+from rtj_operator.reconcile import Requeue
+from rtj_operator.runtime import EVENT_SPACING, WAITING_MAX, Runtime
+from rtj_operator.stores import Stores
+
+OURS = {api.LABEL_MANAGED_BY: api.MANAGER}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeKube:
+    """LISTs from `objects` (kind -> items); records the order of calls."""
+
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]):
+        self.objects, self.calls = objects, []
+        self.on_list: Any = None
+
+    def list_versioned(self, kind: str, namespace: str | None, selector: dict[str, str] | None = None):
+        self.calls.append(("list", kind))
+        if self.on_list:
+            self.on_list(kind)
+        return copy.deepcopy(self.objects.get(kind, [])), 100
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> None:
+        self.calls.append(("get", kind))
+        return None
+
+
+def rtj(name: str, rv: int = 1) -> dict[str, Any]:
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND,
+            "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": str(rv)},
+            "spec": {}}
+
+
+def pod(job: str, rv: int, phase: str = "Running", node: str = "n1", index: str = "0") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{job}-{index}", "namespace": "ns", "uid": f"p-{job}-{index}",
+                         "resourceVersion": str(rv), "labels": {**OURS, api.LABEL_NAME: job}},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def node(name: str, rv: int, ready: str = "True") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "resourceVersion": str(rv)},
+            "status": {"conditions": [{"type": "Ready", "status": ready,
+                                       "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    clock = Clock()
+    objects = {api.KIND: [rtj("a"), rtj("b"), rtj("c")],
+               "Pod": [pod("a", 10, node="n1"), pod("b", 11, node="n2")],
+               "Node": [node("n1", 20), node("n2", 21)]}
+    rt = Runtime(FakeKube(objects), workers=0, clock=clock)  # type: ignore[arg-type]
+    rt.resync()
+    for key in [("ns", "a"), ("ns", "b"), ("ns", "c")]:  # nothing pending: each test queues what it sees
+        rt.queue.remove(key)
+    return rt
+
+
+def drain(rt: Runtime) -> list[tuple[str, str]]:
+    keys = []
+    while (key := rt.queue.get(timeout=0)) is not None:
+        keys.append(key)
+        rt.queue.done(key)
+    return keys
+
+
+def test_start_lists_every_kind_before_any_key_is_queued() -> None:
+    """The synced guard: one LIST per kind fills the stores, and only then is any RTJ queued."""
+    kube = FakeKube({api.KIND: [rtj("a"), rtj("b")], "Pod": [pod("a", 10)]})
+    rt = Runtime(kube, workers=0, clock=Clock())  # type: ignore[arg-type]
+    depths = []
+    kube.on_list = lambda kind: depths.append(rt.queue.depth())
+    assert not rt.stores.synced
+    rt.start()
+    try:
+        assert [c for c in kube.calls if c[0] == "list"] == [("list", k) for k in Stores.KINDS]
+        assert depths == [0] * len(Stores.KINDS) and rt.stores.synced
+        assert sorted(drain(rt)) == [("ns", "a"), ("ns", "b")]
+    finally:
+        rt.stop()
+
+
+def test_workers_take_no_key_before_the_stores_are_synced() -> None:
+    rt = Runtime(FakeKube({}), workers=0, clock=Clock())  # type: ignore[arg-type]
+    ran = []
+    rt.run = ran.append  # type: ignore[method-assign]
+    rt.queue.add(("ns", "a"))
+    worker = threading.Thread(target=rt._work, daemon=True)
+    worker.start()
+    worker.join(0.5)
+    assert ran == [] and rt.queue.pending(("ns", "a")) == "queued"
+    rt.resync()
+    worker.join(1.5)
+    rt._stop.set()
+    worker.join(2)
+    assert ran == [("ns", "a")]
+
+
+def test_a_failure_jumps_the_queue_and_other_events_coalesce(runtime: Runtime) -> None:
+    runtime.observe("Pod", "MODIFIED", {**pod("b", 12, node="n2"), "metadata": {
+        **pod("b", 12)["metadata"], "annotations": {"x": "1"}}})  # not a failure: spaced, normal lane
+    runtime.observe("Pod", "MODIFIED", pod("a", 13, phase="Failed"))  # a failure: urgent
+    assert (runtime.queue.pending(("ns", "a")), runtime.queue.pending(("ns", "b"))) == ("urgent", "queued")
+    assert drain(runtime) == [("ns", "a"), ("ns", "b")]  # the failure first, though it came second
+    # b's pass began just now: its next non-failure event waits EVENT_SPACING after it.
+    runtime.observe("Pod", "MODIFIED", pod("b", 14, node="n2"))
+    runtime.observe("Pod", "MODIFIED", pod("b", 15, node="n2"))
+    assert runtime.queue.pending(("ns", "b")) == "delayed" and runtime.queue.depth() == 0
+    runtime._clock.t += EVENT_SPACING  # type: ignore[attr-defined]
+    assert drain(runtime) == [("ns", "b")]  # two events, one pass
+
+
+def test_the_echo_of_the_operators_own_write_wakes_no_one(runtime: Runtime) -> None:
+    written = pod("a", 30, phase="Failed")
+    runtime.writer._keep("Pod", written)  # the response to the operator's own write
+    runtime.observe("Pod", "MODIFIED", written)  # its watch event: not newer than what the store holds
+    runtime.observe("Pod", "MODIFIED", pod("a", 29, phase="Running"))  # an older copy, late
+    assert runtime.queue.depth() == 0 and runtime.queue.pending(("ns", "a")) == ""
+    assert runtime.stores.pods.get("ns", "a-0")["status"]["phase"] == "Failed"
+
+
+def test_a_node_that_turns_lost_wakes_only_the_jobs_with_pods_on_it(runtime: Runtime) -> None:
+    runtime.observe("Node", "MODIFIED", node("n1", 22))  # a heartbeat: same verdict, nobody woken
+    assert runtime.queue.depth() == 0
+    runtime.observe("Node", "MODIFIED", node("n1", 23, ready="Unknown"))
+    assert drain(runtime) == [("ns", "a")]
+    runtime.observe("Node", "DELETED", node("n2", 24))
+    assert drain(runtime) == [("ns", "b")]
+
+
+def test_passes_that_change_nothing_stretch_a_waiting_requeue_and_a_change_resets_it(runtime: Runtime) -> None:
+    key, clock = ("ns", "a"), runtime._clock
+    runtime.queue._rand = lambda: 0.0  # no jitter: the delays are exact
+
+    def delay(requeue: Requeue, changed: bool) -> float:
+        runtime._requeue(key, requeue, changed)
+        due = runtime.queue._due[key] - clock()  # type: ignore[operator]
+        runtime.queue._due.pop(key)
+        return round(due, 3)
+
+    waiting = Requeue(seconds=2.0, waiting=True)
+    delays = [delay(waiting, changed=False) for _ in range(12)]
+    assert delays[:3] == [3.0, 4.5, 6.75]  # x1.5 a quiet pass
+    assert delays[-1] == delays[-2] == round(2.0 * 1.5**8, 3) <= WAITING_MAX  # bounded
+    assert delay(waiting, changed=True) == 2.0  # something changed: back to the pass's own seconds
+    # A deadline (a grace period ending) is never overslept, however quiet the job.
+    for _ in range(5):
+        delay(waiting, changed=False)
+    assert delay(Requeue(seconds=2.0, waiting=True, deadline=7.0), changed=False) == 7.0
+    # Not waiting on an event: the pass's seconds as they are.
+    assert delay(Requeue(seconds=2.0), changed=False) == 2.0
+    runtime._requeue(key, Requeue(act=True), changed=False)  # a decision to carry out: at once, urgently
+    assert runtime.queue.pending(key) == "urgent"

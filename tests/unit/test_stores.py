@@ -1,0 +1,209 @@
+"""The watch-fed stores passes read instead of GETs and LISTs (stores.py), and the write-through of
+the operator's own writes (runtime.StoreKube). Plain unit tests; test_operator.py checks the wiring
+on the local control plane."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from rtj_operator import api
+from rtj_operator.runtime import StoreKube
+from rtj_operator.stores import Store, Stores, rtj_key
+
+
+def pod(name: str, rv: int, uid: str | None = None, job: str = "train", phase: str = "Running",
+        ns: str = "ns", ours: bool = True, node: str = "") -> dict[str, Any]:
+    labels = {api.LABEL_NAME: job, **({api.LABEL_MANAGED_BY: api.MANAGER} if ours else {})}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}",
+                                        "resourceVersion": str(rv), "labels": labels,
+                                        "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def pods() -> Store:
+    return Stores(clock=Clock()).pods
+
+
+def names(items: list[dict[str, Any]]) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in items)
+
+
+def of_job(store: Store, job: str = "train") -> list[str]:
+    return names(store.indexed("rtj", ("ns", job)))
+
+
+def test_a_list_is_the_truth_except_for_what_the_watch_delivered_since(pods: Store) -> None:
+    pods.put(pod("a", 10))
+    pods.put(pod("b", 11))
+    pods.put(pod("late", 101))  # created after the LIST's resourceVersion 100
+    changed = pods.replace([pod("a", 10)], 100)
+    assert of_job(pods) == ["a", "late"]  # b (rv 11 <= 100) is gone: the watch missed its deletion
+    assert names(changed) == ["b"]
+
+
+def test_only_newer_versions_replace_an_object(pods: Store) -> None:
+    assert pods.put(pod("a", 20, phase="Failed"))
+    assert not pods.put(pod("a", 19, phase="Running"))  # a LIST or a write's reply that raced the watch
+    assert not pods.put(pod("a", 20, phase="Running"))  # the echo of our own write
+    assert pods.get("ns", "a")["status"]["phase"] == "Failed"
+
+
+def test_a_deleted_object_never_comes_back_from_an_older_copy(pods: Store) -> None:
+    pods.put(pod("a", 30))
+    assert pods.delete(pod("a", 60))
+    assert not pods.put(pod("a", 30))  # a LIST taken before the deletion
+    pods.replace([pod("a", 50)], 50)
+    assert pods.get("ns", "a") is None
+    assert pods.put(pod("a", 70, uid="new-uid"))  # a new pod of that name is another object
+
+
+def test_a_new_object_of_the_same_name_replaces_the_old_one(pods: Store) -> None:
+    pods.put(pod("a", 30, uid="old"))
+    assert pods.put(pod("a", 40, uid="new"))
+    assert not pods.delete(pod("a", 31, uid="old"))  # the old one's late deletion leaves the new one
+    assert pods.get("ns", "a")["metadata"]["uid"] == "new"
+
+
+def test_an_object_moves_with_its_labels_and_only_ours_are_indexed(pods: Store) -> None:
+    pods.put(pod("a", 1))
+    pods.put(pod("a", 2, job="other"))
+    pods.put(pod("x", 3, ours=False))  # labelled like the job by hand: not from a Job of ours
+    assert of_job(pods) == [] and of_job(pods, "other") == ["a"]
+    assert rtj_key(pod("x", 3, ours=False)) == []
+
+
+def test_copies_are_detached_and_lean(pods: Store) -> None:
+    source = pod("a", 1)
+    pods.put(source)
+    source["status"]["phase"] = "Failed"
+    stored = pods.get("ns", "a")
+    assert stored["status"]["phase"] == "Running" and "managedFields" not in stored["metadata"]
+
+
+def test_pods_are_found_by_node(pods: Store) -> None:
+    stores = Stores()
+    stores.pods.put(pod("a", 1, node="n1"))
+    stores.pods.put(pod("b", 2, job="other", node="n2"))
+    stores.pods.put(pod("a", 3, node="n2"))  # rescheduled (a new pod of that name, in practice)
+    assert stores.jobs_on("n2") == {("ns", "train"), ("ns", "other")} and stores.jobs_on("n1") == set()
+
+
+def test_a_namespaced_list_leaves_other_namespaces_alone(pods: Store) -> None:
+    pods.put(pod("a", 1, ns="one"))
+    pods.put(pod("b", 2, ns="two"))
+    pods.replace([], 100, namespace="one")
+    assert pods.get("one", "a") is None and pods.get("two", "b") is not None
+
+
+def test_concurrent_writers_and_readers_stay_consistent(pods: Store) -> None:
+    def write(start: int) -> None:
+        for i in range(start, start + 2000):
+            pods.put(pod(f"p{i % 50}", i))
+            if i % 7 == 0:
+                pods.delete(pod(f"p{i % 50}", i + 1))
+
+    writers = [threading.Thread(target=write, args=(k * 2000,)) for k in range(3)]
+    for w in writers:
+        w.start()
+    while any(w.is_alive() for w in writers):
+        for p in pods.indexed("rtj", ("ns", "train")):
+            assert p["metadata"]["labels"][api.LABEL_NAME] == "train"
+    for w in writers:
+        w.join()
+    assert len(pods.indexed("rtj", ("ns", "train"))) == len(pods)
+
+
+class FakeKube:
+    """What the API server holds, and the calls made to it."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = 100
+        self.calls: list[str] = []
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        self.calls.append("get")
+        return self.objects.get(name)
+
+    def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.calls.append("patch")
+        self.version += 1
+        obj = self.objects[name]
+        obj["status"].update(patch.get("status", {}))
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return obj
+
+    def delete(self, kind: str, name: str, namespace: str | None, **_: Any) -> dict[str, Any] | None:
+        self.calls.append("delete")
+        return self.objects.pop(name, None)
+
+    def evict(self, name: str, namespace: str, uid: str | None = None) -> str:
+        self.calls.append("evict")
+        return "evicted" if name in self.objects else "gone"
+
+
+def test_the_operators_own_writes_are_seen_by_the_next_pass() -> None:
+    stores, kube = Stores(), FakeKube()
+    for p in (pod("a", 10), pod("b", 11)):
+        kube.objects[p["metadata"]["name"]] = p
+        stores.pods.put(p)
+    writer = StoreKube(kube, stores)  # type: ignore[arg-type]
+    writer.patch("Pod", "a", "ns", {"status": {"phase": "Failed"}}, subresource="status")
+    writer.delete("Pod", "b", "ns", grace_seconds=0)  # gone at once: the watch has not said so yet
+    assert [(p["metadata"]["name"], p["status"]["phase"]) for p in stores.pods.indexed("rtj", ("ns", "train"))] \
+        == [("a", "Failed")]
+    assert kube.calls == ["patch", "delete", "get"]
+
+
+def ended(name: str, rv: int, message: str = "", job: str = "train") -> dict[str, Any]:
+    p = pod(name, rv, job=job, phase="Failed")
+    p["status"]["containerStatuses"] = [{"state": {"terminated": {"exitCode": 1, "message": message}}}]
+    return p
+
+
+def test_a_deleted_pods_last_words_outlive_it_for_a_while() -> None:
+    """The Job controller removes a pod a moment after its container ended (a suspend, a preemption):
+    its termination message (the worker's final checkpoint step) must still reach the next pass."""
+    clock = Clock()
+    pods = Stores(clock=clock).pods
+    pods.put(ended("a", 10, '{"checkpointStep": 40}'))
+    pods.put(ended("b", 11))  # nothing said: nothing kept
+    pods.delete(ended("a", 12, '{"checkpointStep": 40}'))
+    pods.delete(ended("b", 13))
+    assert of_job(pods) == [] and names(pods.departed("rtj", ("ns", "train"))) == ["a"]
+    assert pods.departed("rtj", ("ns", "other")) == []
+    pods.put(ended("c", 20, "x"))
+    pods.replace([], 30)  # gone by a LIST: its last copy kept too
+    assert names(pods.departed("rtj", ("ns", "train"))) == ["a", "c"]
+    clock.now += 121
+    pods.delete(ended("d", 40, "y"))  # any deletion forgets what is older than DEPARTED_SECONDS
+    assert names(pods.departed("rtj", ("ns", "train"))) == ["d"]
+
+
+def test_a_pass_reads_the_last_words_of_its_current_jobs_pods_only() -> None:
+    from conftest import rtj_body
+    from rtj_operator.world import World
+    stores = Stores()
+    body = rtj_body()
+    name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
+    stores.jobs.put({"kind": "Job", "metadata": {"name": name, "namespace": ns, "uid": "job-2", "resourceVersion": "5",
+                                                 "labels": {api.LABEL_NAME: name, api.LABEL_MANAGED_BY: api.MANAGER}}})
+    for uid, job_uid in (("p-old", "job-1"), ("p-new", "job-2")):
+        p = ended(uid, 10, '{"checkpointStep": 1}', job=name)
+        p["metadata"].update(namespace=ns, uid=uid, ownerReferences=[{"uid": job_uid, "kind": "Job", "name": name}])
+        stores.pods.put(p)
+        stores.pods.delete(p)
+    world = World.from_stores(stores, body)
+    assert [p["metadata"]["uid"] for p in world.departed] == ["p-new"] and world.pods == []

@@ -1,0 +1,144 @@
+"""What a rank tells its pod's entrypoint (rtj_worker.report), through files in $RTJ_STATE_DIR.
+
+- `progress.json`, replaced whole (write, then rename) by local rank 0 at every step and after a
+  commit (a ~300-byte write: microseconds next to a step): the step reached and when, the seconds a
+  step takes (median of the last intervals), the newest committed checkpoint step and when, the run.
+  At every step, so that the step a fault interrupted is exact (ranks block in the next collective).
+- `ranks.jsonl`, one line appended per event by every rank: `start` (a run begins: its worker group,
+  in-process iteration, global rank and the step it resumed from) and `failed` (an exception left the
+  training loop: its class, and whether this rank raised it or only saw a peer's fault) and `left`
+  (the rank leaves its worker group because peers left the world: a restart it does not cause).
+
+A run is one (worker group, in-process iteration): ft_launcher starts a new worker group after a
+rendezvous, inprocess.Wrapper a new iteration in the same processes. Events are rare (a handful per
+fault, one line per rank per start) and steps only replace a small file, so nothing grows with the
+steps. No torch here; nothing is written without RTJ_STATE_DIR (a script run outside rtj-worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+PROGRESS = "progress.json"
+EVENTS = "ranks.jsonl"
+
+WINDOW = 32  # step intervals the median is taken over
+MESSAGE_CHARS = 200
+
+
+class RankProgress:
+    def __init__(self, state_dir: str | os.PathLike[str] | None, local_rank: int, group: str,
+                 clock: Any = time.time):
+        self.dir = Path(state_dir) if state_dir else None
+        self.local_rank, self.group, self.clock = local_rank, group, clock
+        self.rank = -1
+        self.iteration = 0
+        self.step = 0
+        self.step_at = 0.0
+        self.committed = 0
+        self.committed_at = 0.0
+        self._intervals: deque[float] = deque(maxlen=WINDOW)
+        self._first = True  # no step yet in this run
+        self.first_step_at = 0.0  # when this run's first step was done (a recovery ends there)
+
+    @property
+    def writes_progress(self) -> bool:
+        return self.dir is not None and self.local_rank == 0
+
+    def started(self, rank: int, iteration: int, step: int) -> None:
+        """A run begins (after its checkpoint was loaded): `step` is where it resumes."""
+        self.rank, self.iteration, self.step, self._first = rank, iteration, step, True
+        self.step_at = self.clock()
+        self._append({"e": "start", "rank": rank, "iteration": iteration, "step": step})
+
+    def stepped(self, step: int) -> None:
+        now = self.clock()
+        if not self._first:
+            self._intervals.append(now - self.step_at)
+        else:
+            self.first_step_at = now
+        self.step, self.step_at, self._first = step, now, False
+        self._write()
+
+    def commit(self, step: int) -> None:
+        self.committed, self.committed_at = step, self.clock()
+        self._write()
+
+    def loaded(self, step: int) -> None:
+        """The run resumed from the committed checkpoint `step`: the newest committed one."""
+        if step > self.committed:
+            self.committed, self.committed_at = step, self.committed_at or self.clock()
+
+    def left(self, message: str) -> None:
+        """This rank leaves its worker group because peers left it (train.FullWorld): the restart of
+        the group that follows is theirs, not this pod's."""
+        self._append({"e": "left", "rank": self.rank, "iteration": self.iteration, "message": message[:MESSAGE_CHARS]})
+
+    def failed(self, exc: BaseException, step: int, own: bool) -> None:
+        """An exception left the training loop; `own`: this rank's fault, not a peer's it saw."""
+        self._append({"e": "failed", "rank": self.rank, "iteration": self.iteration, "step": step, "own": own,
+                      "cause": type(exc).__name__, "message": str(exc)[:MESSAGE_CHARS]})
+
+    @property
+    def step_seconds(self) -> float | None:
+        return statistics.median(self._intervals) if self._intervals else None
+
+    def _write(self) -> None:
+        if not self.writes_progress:
+            return
+        assert self.dir is not None
+        record = {"t": self.clock(), "pid": os.getpid(), "rank": self.rank, "group": self.group,
+                  "iteration": self.iteration, "step": self.step, "stepAt": self.step_at,
+                  "firstStepAt": self.first_step_at,
+                  "stepSeconds": self.step_seconds, "ckpt": self.committed, "ckptAt": self.committed_at or None}
+        tmp = self.dir / f".{PROGRESS}.{os.getpid()}"
+        with contextlib.suppress(OSError):  # a full or gone state dir must never stop training
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.dir / PROGRESS)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.dir is None:
+            return
+        line = json.dumps({"t": self.clock(), "pid": os.getpid(), "local": self.local_rank, "group": self.group,
+                           **record})
+        with contextlib.suppress(OSError), open(self.dir / EVENTS, "a") as out:
+            out.write(line + "\n")  # one short write: appends of several ranks stay whole
+
+
+def read_progress(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((state_dir / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class EventTail:
+    """New lines of ranks.jsonl since the last read (a line being written is left for the next)."""
+
+    def __init__(self, state_dir: Path):
+        self.path, self.offset = state_dir / EVENTS, 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as src:
+                src.seek(self.offset)
+                data = src.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out.append(record)
+        return out
