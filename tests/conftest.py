@@ -41,6 +41,13 @@ def rtj_body(name: str = "train", namespace: str = "default", **spec: Any) -> di
             "spec": copy.deepcopy(base)}
 
 
+def fake_aws_credentials(monkeypatch, region: str) -> None:
+    """Credentials and region for moto's in-process AWS (no request leaves the machine)."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": region}.items():
+        monkeypatch.setenv(key, value)
+
+
 def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition",
                interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from conftest import Job, start_operator, wait_until
+from conftest import Job, fake_aws_credentials, start_operator, wait_until
 from rtj_dev.localcluster import p5_node
 from rtj_operator.fencing import Ec2Fencing, instance_id
 
@@ -20,9 +20,7 @@ REGION = "us-west-2"
 
 @pytest.fixture
 def ec2(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
+    fake_aws_credentials(monkeypatch, REGION)
     with mock_aws():
         yield boto3.client("ec2", region_name=REGION)
 

@@ -9,7 +9,7 @@ import pytest
 from moto import mock_aws
 from moto.fsx import models as fsx_models
 
-from conftest import Job, rtj_body, start_operator, wait_until
+from conftest import Job, fake_aws_credentials, rtj_body, start_operator, wait_until
 from rtj_dev.localcluster import p5_node
 from rtj_operator.fsx import ZONE_LABEL, FsxCheck
 from rtj_operator.spec import RTJ
@@ -22,9 +22,7 @@ TYPE = "p5e.48xlarge"
 
 @pytest.fixture
 def aws(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
+    fake_aws_credentials(monkeypatch, REGION)
     # moto 5.2.5 leaves Lifecycle out of FileSystem descriptions; AWS always sends it.
     original = fsx_models.FileSystem.to_dict
 
