@@ -103,15 +103,29 @@ class Watch:
         self._thread.start()
 
     def _run(self) -> None:
+        known: dict[str, dict[str, Any]] = {}  # uid -> last copy
         while not self._stop.is_set():
-            listed = self.cluster.api("GET", self.path)
+            try:
+                listed = self.cluster.api("GET", self.path)
+            except (RuntimeError, OSError):
+                time.sleep(1)  # e.g. 429 while a just-installed CRD's storage initializes
+                continue
             now = time.monotonic()
+            # What went while no watch was open shows only as missing from the LIST.
+            present = {obj["metadata"]["uid"] for obj in listed["items"]}
+            for uid in [u for u in known if u not in present]:
+                self.on_event("DELETED", known.pop(uid), now)
             for obj in listed["items"]:
+                known[obj["metadata"]["uid"]] = obj
                 self.on_event("ADDED", obj, now)
             version = listed["metadata"]["resourceVersion"]
             try:
                 for event in self.cluster.watch(self.path, version):
                     obj = event["object"]
+                    if event["type"] == "DELETED":
+                        known.pop(obj["metadata"].get("uid", ""), None)
+                    elif event["type"] != "BOOKMARK":
+                        known[obj["metadata"]["uid"]] = obj
                     if event["type"] != "BOOKMARK":
                         self.on_event(event["type"], obj, time.monotonic())
                     version = obj["metadata"].get("resourceVersion") or version
@@ -217,11 +231,19 @@ def namespaces(cluster: LocalCluster, kube: Kube, prefix: str, count: int) -> li
 
 
 def clear(cluster: LocalCluster, observer: Observer, ns_names: list[str], timeout: float = 600) -> None:
-    """Delete the namespaces and wait until their pods are gone: the next phase starts on a quiet cluster."""
+    """Delete what a phase made and wait until its pods are gone: the next phase starts on a quiet
+    cluster. RTJs first (else the operator makes their Jobs again), then the Jobs (their pods go with
+    them), and the namespaces only once the pods are gone: deleted with their namespace, the Job
+    controller keeps trying to replace a Job's deleted pods (forbidden in a terminating namespace) and
+    never drops their tracking finalizer, so the namespaces stayed Terminating (seen at N=100)."""
+    background = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
     for ns in ns_names:
-        cluster.api("DELETE", f"/api/v1/namespaces/{ns}", missing_ok=True)
+        cluster.api("DELETE", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}", background)
+        cluster.api("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs", background)
     if not observer.wait(lambda: observer.pods_in(set(ns_names)) == 0, timeout):
         print(f"warning: pods of {len(ns_names)} namespaces still there after {timeout:.0f} s", file=sys.stderr)
+    for ns in ns_names:
+        cluster.api("DELETE", f"/api/v1/namespaces/{ns}", missing_ok=True)
 
 
 def in_parallel(items: list[Any], work: Callable[[Any], None], threads: int = 8) -> None:
