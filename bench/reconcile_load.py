@@ -233,9 +233,9 @@ def namespaces(cluster: LocalCluster, kube: Kube, prefix: str, count: int) -> li
 def clear(cluster: LocalCluster, observer: Observer, ns_names: list[str], timeout: float = 600) -> None:
     """Delete what a phase made and wait until its pods are gone: the next phase starts on a quiet
     cluster. RTJs first (else the operator makes their Jobs again), then the Jobs (their pods go with
-    them), and the namespaces only once the pods are gone: deleted with their namespace, the Job
-    controller keeps trying to replace a Job's deleted pods (forbidden in a terminating namespace) and
-    never drops their tracking finalizer, so the namespaces stayed Terminating (seen at N=100)."""
+    them), and the namespaces only once the pods are gone: deleted with their namespace, the Jobs kept
+    their Failed pods with the tracking finalizer and the namespaces stayed Terminating (seen at
+    N=100; most likely the Job controller failing to replace pods in a terminating namespace)."""
     background = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
     for ns in ns_names:
         cluster.api("DELETE", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}", background)
