@@ -627,8 +627,9 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                           "unreachable (since its Ready condition changed) before "
                                                           "its pod is evicted (and charged as a disruption): a short "
                                                           "blip must not kill a healthy rank."),
-                "capacitySuspendSeconds": _int(600, 1, 86400, "How long a pod of the job may stay unschedulable "
-                                                              "(WaitingForCapacity) before the gang is suspended, so "
+                "capacitySuspendSeconds": _int(600, 1, 86400, "How long the gang may lack a node (WaitingForCapacity: "
+                                                              "from the first pod the scheduler found no node for "
+                                                              "until every index has one) before it is suspended, so "
                                                               "that the nodes it holds are released; it resumes by "
                                                               "itself once enough fitting nodes show up."),
                 "capacityTimeoutSeconds": _int(86400, 0, 31536000, "How long the job may wait for capacity in all "

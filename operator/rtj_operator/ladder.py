@@ -30,7 +30,7 @@ from typing import Any
 from rtj_worker import exit_codes
 
 from . import health
-from .conditions import parse_time
+from .conditions import get_condition, parse_time
 
 # --- tiers, payers, actions -------------------------------------------------------------------------
 REPLACE_POD = "ReplacePod"
@@ -324,10 +324,8 @@ def deletion_asked(pod: dict[str, Any]) -> datetime.datetime | None:
 
 def resumed_at(job: dict[str, Any] | None) -> datetime.datetime | None:
     """When the Job was last resumed (its Suspended condition turned False), if it ever was suspended."""
-    for cond in ((job or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Suspended" and cond.get("status") == "False":
-            return parse_time(cond.get("lastTransitionTime"))
-    return None
+    cond = get_condition(((job or {}).get("status") or {}).get("conditions") or [], "Suspended")
+    return parse_time(cond.get("lastTransitionTime")) if cond and cond.get("status") == "False" else None
 
 
 def stopped_by_suspend(pods: list[dict[str, Any]], job: dict[str, Any] | None) -> frozenset[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from .actions import rejected
 from .builders import build_job, build_pvc, coordinator_name, job_name, pvc_name, service_name
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
+from .conditions import is_true
 from .kube import Kube, KubeError
 from .spec import RTJ
 from .stores import Stores
@@ -67,7 +68,8 @@ class World:
     @classmethod
     def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, job: dict[str, Any] | None,
                  pvc: dict[str, Any] | None, pods: list[dict[str, Any]],
-                 node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None) -> World:
+                 node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None,
+                 departed: Iterable[dict[str, Any]] = ()) -> World:
         rtj = RTJ.from_body(rtj_body)
         job_uid = (job or {}).get("metadata", {}).get("uid")
         mine = [p for p in pods if job_uid and owned_by(p, job_uid)]
@@ -78,7 +80,8 @@ class World:
         if build_pvc(rtj) is None:
             pvc = None  # an existing claim is the user's: not read, not checked
         return cls(copy.deepcopy(rtj_body), copy.deepcopy(service), copy.deepcopy(job), copy.deepcopy(pvc),
-                   copy.deepcopy(mine), {n: copy.deepcopy(node(n)) for n in names}, copy.deepcopy(coordinator))
+                   copy.deepcopy(mine), {n: copy.deepcopy(node(n)) for n in names}, copy.deepcopy(coordinator),
+                   departed=[copy.deepcopy(p) for p in departed if job_uid and owned_by(p, job_uid)])
 
     @classmethod
     def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],
@@ -86,13 +89,9 @@ class World:
         rtj = RTJ.from_body(rtj_body)
         ns = rtj.namespace
         pods = [p for p in stores.pods.indexed("rtj", (ns, rtj.name))]
-        world = cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
-                             stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
-                             stores.pods.get(ns, coordinator_name(rtj)))
-        job_uid = (world.job or {}).get("metadata", {}).get("uid")
-        world.departed = [copy.deepcopy(p) for p in stores.pods.departed("rtj", (ns, rtj.name))
-                          if job_uid and owned_by(p, job_uid)]
-        return world
+        return cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
+                            stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
+                            stores.pods.get(ns, coordinator_name(rtj)), stores.pods.departed("rtj", (ns, rtj.name)))
 
     def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
               cloud_fencing: CloudFencing | None = None,
@@ -114,8 +113,7 @@ class World:
                     self.zones[zone] = zone_health(zone)
         status = self.rtj.get("status") or {}
         waiting = bool((status.get("recovery") or {}).get("suspendedForCapacity")) or any(
-            ladder.unschedulable(p) for p in self.pods) or any(
-            c.get("type") == "WaitingForCapacity" and c.get("status") == "True" for c in status.get("conditions") or [])
+            ladder.unschedulable(p) for p in self.pods) or is_true(status.get("conditions") or [], "WaitingForCapacity")
         if fitting is not None and waiting:
             self.fitting_nodes = fitting(build_job(rtj)["spec"]["template"]["spec"])
         self.workload, self.workload_error, self.workload_read = read_workload(kube, self, rtj)
