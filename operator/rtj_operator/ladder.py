@@ -553,6 +553,7 @@ class Fault:
 
 # Why attribute() charged nobody.
 FAILS, DUPLICATE, EXCUSED, HOLD, SUSPENDED = "fails", "duplicate", "excused", "hold", "suspended"
+SHORT_OF_CAPACITY = "a pod of the gang finds no node (WaitingForCapacity)"
 
 
 @dataclass(frozen=True)
@@ -565,6 +566,7 @@ class Charge:
     message: str = ""
     why: str = ""  # for NOBODY: FAILS (the job fails instead), DUPLICATE, EXCUSED (NotCharged), HOLD, SUSPENDED
     hold: float = 0.0  # HOLD: decide again in this many seconds (the finding stays unseen)
+    cause: str = ""  # EXCUSED: what it follows from, when not the fault being recovered
 
     @property
     def seen(self) -> bool:
@@ -590,7 +592,8 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
     - While a platform fault is recovered (its replacement not running yet: unschedulable for lack of
       capacity, or still starting), the survivors' failed rendezvous are its consequences too; so are
       they while a pod of the gang finds no node (`capacity`), whatever attempt the gang is at: no
-      rendezvous can complete without that pod.
+      rendezvous can complete without that pod. So are a peer's exits then (its gang stopped because a
+      survivor gave up on that rendezvous): with too few nodes the pods take turns on the ones there are.
     A job that keeps failing still ends Failed: each new fault, once the gang has recovered, is charged."""
     charges: list[Charge] = []
     nodes, faults, platform = list(fault.nodes), fault.faults, fault.platform
@@ -609,7 +612,8 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
         if f.kind == RENDEZVOUS and (platform or capacity):
             # Not charged, yet a new gang all the same: the launcher that timed out closed the gang's
             # rendezvous for good (NVRx 0.6's barrier and torch's c10d alike), so no pod joins it again.
-            charges.append(Charge(f, NOBODY, meaning.tier, message=f.message, why=EXCUSED))
+            charges.append(Charge(f, NOBODY, meaning.tier, message=f.message, why=EXCUSED,
+                                  cause="" if platform else SHORT_OF_CAPACITY))
             continue
         if meaning.once_per == ATTEMPT:
             if f.kind in charged_once:
@@ -624,8 +628,9 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
                 charges.append(Charge(f, PLATFORM, meaning.tier, f"{f.message} (node {peers[0]} of its gang is "
                                                                   f"lost: {lost_nodes[peers[0]]})"))
                 continue
-            if faults:
-                charges.append(Charge(f, NOBODY, message=f.message, why=EXCUSED))
+            if faults or capacity:
+                charges.append(Charge(f, NOBODY, message=f.message, why=EXCUSED,
+                                      cause="" if faults else SHORT_OF_CAPACITY))
                 continue
             if f.age < PEER_ATTRIBUTION_SECONDS:
                 charges.append(Charge(f, NOBODY, why=HOLD, hold=max(0.5, PEER_ATTRIBUTION_SECONDS - f.age)))

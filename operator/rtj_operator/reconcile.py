@@ -779,8 +779,8 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str]) -> None:
         elif c.payer == ladder.JOB and c.finding.kind == ladder.JOB_FAILURE and c.finding.node:
             count_node_failure(d, c.finding.node, c.finding.reason)
         if c.why == ladder.EXCUSED:
-            d.event("Warning", "NotCharged", f"{c.finding.reason}: {c.message}; a consequence of the fault being "
-                                             f"recovered ({status.last_failure_reason})")
+            cause = c.cause or f"a consequence of the fault being recovered ({status.last_failure_reason})"
+            d.event("Warning", "NotCharged", f"{c.finding.reason}: {c.message}; {cause}")
         if c.payer != ladder.NOBODY:
             record_restart(d, c.tier or ladder.REPLACE_POD, c.finding.reason, c.message,
                            platform=c.payer == ladder.PLATFORM)
@@ -849,6 +849,8 @@ def release_gated(d: Draft) -> None:
     exclusions in force now: the operator's scheduling gate removed (others' gates, e.g. Kueue's, kept),
     the excluded nodes added to its node affinity, in one patch guarded by the pod's uid and
     resourceVersion."""
+    if awaiting_coordinator(d):
+        return
     nodes = excluded(d)
     for pod in d.world.pods:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -862,6 +864,29 @@ def release_gated(d: Draft) -> None:
             body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": exclusion_terms(spec, nodes)}}}
         d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
+
+
+def awaiting_coordinator(d: Draft) -> bool:
+    """Whether the gang's gated pods wait for the coordinator of their attempt to have an address.
+
+    A worker's first act is to resolve the coordinator's name, within rendezvousTimeoutSeconds, and a
+    name that does not resolve in time fails the pod (71, charged). The Service publishes not-ready
+    addresses, so the name resolves once the coordinator has an IP: until then the gate stays (CI: a
+    coordinator slow to start on a busy node cost a job a gang restart). Bounded: once the Job is
+    rendezvousTimeoutSeconds old the pods go anyway, and their own wait says what is wrong."""
+    if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
+        return False
+    coordinator = d.world.coordinator
+    if coordinator is not None and not coordinator["metadata"].get("deletionTimestamp") and (
+            coordinator.get("status") or {}).get("podIP") and str((coordinator["metadata"].get("labels") or {})
+                                                                 .get(api.LABEL_ATTEMPT)) == str(d.status.attempt):
+        return False
+    created = parse_time(d.world.job["metadata"].get("creationTimestamp"))
+    left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - created).total_seconds() if created else 0)
+    if left <= 0:
+        return False
+    d.wait(max(0.5, left))  # the coordinator's own events wake the job sooner
+    return True
 
 
 def record_restart(d: Draft, tier: str, reason: str, message: str, platform: bool) -> None:

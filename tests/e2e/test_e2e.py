@@ -119,7 +119,11 @@ class Run:
         conditions = {c["type"]: f"{c['status']} {c['reason']}: {c['message'][:200]}"
                       for c in status.pop("conditions", [])}
         events = sorted(self.job.events(), key=lambda e: e.get("lastTimestamp") or "")
-        lines = [f"RTJ status: {json.dumps(status)[:1500]}", f"conditions: {json.dumps(conditions, indent=1)}",
+        # The charge first: the rest of status (progress, goodput) may be cut.
+        charged = {k: status.pop(k) for k in ("attempt", "jobRestarts", "disruptions", "lastFailureReason",
+                                               "lastFailureMessage", "restartsByTier") if k in status}
+        lines = [f"RTJ charges: {json.dumps(charged)}", f"RTJ status: {json.dumps(status)[:1500]}",
+                 f"conditions: {json.dumps(conditions, indent=1)}",
                  "events:", *[f"  {e.get('lastTimestamp')} {e['involvedObject'].get('kind')} {e['reason']}: "
                               f"{e['message'][:300]}" for e in events[-30:]]]
         for agent in self.agents.agents:
@@ -601,7 +605,8 @@ def test_no_third_node_waits_for_capacity_and_resumes_when_one_comes(run: Run, a
             raise AssertionError(f"{exc}\n{run.diagnosis()}") from None
         wait_until(lambda: not run.agents.running(run.ns), timeout=90, what="the healthy node released")
         status = run.job.status()
-        assert status.get("jobRestarts", 0) == 0 and status.get("restartsWithoutProgress", 0) == 0, status
+        assert status.get("jobRestarts", 0) == 0 and status.get("restartsWithoutProgress", 0) == 0, \
+            run.diagnosis()
         # The survivor's launcher gave up on its rendezvous before the suspend, and said so (71, not 70);
         # not charged, though its closed rendezvous takes a new gang.
         assert any(e["reason"] == "NotCharged" and "RendezvousFailed" in e["message"]
@@ -612,8 +617,8 @@ def test_no_third_node_waits_for_capacity_and_resumes_when_one_comes(run: Run, a
         status = run.wait_done(timeout=240)
         resumed = [e for e in run.starts() if e["t"] > added_at]
         assert resumed and {e["step"] for e in resumed} == {saved}, resumed
-        assert status.get("jobRestarts", 0) == 0 and status.get("disruptions") == 1, status
-        assert status.get("restartsWithoutProgress", 0) == 0, status
+        assert status.get("jobRestarts", 0) == 0 and status.get("disruptions") == 1, run.diagnosis()
+        assert status.get("restartsWithoutProgress", 0) == 0, run.diagnosis()
     finally:
         for agent in agents.agents:
             if not agent.up:

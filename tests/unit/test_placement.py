@@ -137,6 +137,29 @@ def test_without_exclusions_the_gate_alone_is_removed():
     assert "affinity" not in ungate.body["spec"]
 
 
+@pytest.mark.parametrize("coordinator,job_age,released", [
+    ("Running", 5, True),  # it has an address: its name resolves
+    ("Pending", 5, False),  # not started yet: the workers' 60 s DNS wait would begin too early
+    ("Pending", 61, True),  # bounded by rendezvousTimeoutSeconds: the workers' own wait says why
+    ("gone", 5, False),  # created in this pass or being replaced
+])
+def test_a_new_gangs_pods_wait_for_the_coordinators_address_at_most_the_rendezvous_timeout(
+        coordinator, job_age, released):
+    """CI: a coordinator slow to start on a busy node; the workers, ungated at once, failed to resolve its
+    name within the rendezvous timeout (71, charged). The gate is lifted once it has an IP."""
+    w = W(resiliency={"rendezvousTimeoutSeconds": 60})
+    if coordinator == "gone":
+        w.world.coordinator = None
+    else:
+        w.coordinator(1, phase=coordinator)
+    w.world.job["metadata"]["creationTimestamp"] = ts(job_age)
+    w.world.pods = [gated(p) for p in w.world.pods]
+    intent = w.run()
+    assert bool([a for a in intent.actions if a.verb == UNGATE]) is released
+    if not released:
+        assert intent.requeue.seconds <= 60 - job_age
+
+
 def test_two_job_failures_on_one_node_exclude_it():
     w = W(pods=3)
     w.status(recovery={"nodeFailures": {"n1": 1}})

@@ -79,7 +79,7 @@ class W:
         if coord is not None:
             coord = owned(coord, self.body, f"coord-uid-{attempt}")
             coord["spec"]["nodeName"] = node_name
-            coord["status"] = {"phase": phase}
+            coord["status"] = {"phase": phase, **({"podIP": "10.0.0.9"} if phase == "Running" else {})}
             self.world.nodes[node_name] = node(node_name)
         self.world.coordinator = coord
         return self
@@ -537,6 +537,24 @@ def test_short_of_capacity_a_survivors_failed_rendezvous_is_not_charged_in_any_a
     st = intent.status
     assert (st.job_restarts, st.disruptions, st.attempt) == (0, 0, 3), st
     assert "NotCharged" in reasons(intent) and "RecreatingGang" in reasons(intent)
+
+
+@pytest.mark.parametrize("short_of_capacity", [True, False])
+def test_short_of_capacity_a_peers_exit_is_not_charged_however_long_it_waited(short_of_capacity):
+    """CI, stop 25: two indexes, one node, attempt 3. The pods take turns on the node; one whose gang was
+    stopped by a survivor that gave up on the rendezvous exits 74 (GangStopped, a PEER finding). No
+    fault of this attempt explains it and it waited past PEER_ATTRIBUTION_SECONDS, yet a pod of the gang
+    finds no node: that is its cause, not the job. With every index placed, the same exit is charged."""
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 90) if short_of_capacity else W()
+    w.status(attempt=3).job(3).coordinator(3)
+    stopped = indexed(pod(0, "Failed", code=exit_codes.GANG_STOPPED, attempt=3), 0)
+    stopped["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = ts(
+        ladder.PEER_ATTRIBUTION_SECONDS + 10)
+    w.world.pods = [stopped, indexed(unschedulable(1) if short_of_capacity else pod(1, attempt=3), 1)]
+    intent = w.run()
+    assert intent.status.job_restarts == (0 if short_of_capacity else 1), intent.status
+    excused = [e.message for e in intent.events if e.reason == "NotCharged"]
+    assert bool(excused) is short_of_capacity and all(ladder.SHORT_OF_CAPACITY in m for m in excused), excused
 
 
 @pytest.mark.parametrize("short_of_capacity", [False, True])
