@@ -16,6 +16,8 @@ For each N, in one run and each phase on a quiet cluster (the previous phase's p
 3. steady state: a minute with all N Running, API requests and CPU of the operator per RTJ;
 4. pod failures one at a time (kwok's exit stage), timed from the pod Failed to jobRestarts moving
    in the RTJ's status, with N RTJs present.
+A second table says where the time to Running went, for the floor and the operator: from each create
+to both pods made by the Job controller, free of the operator's scheduling gate, bound, Running.
 
 `--operator-src DIR` runs another checkout's operator (e.g. a git worktree of an older commit, with its
 own CRD) in the same run after this one's, so before and after sit side by side.
@@ -150,6 +152,10 @@ class Observer:
         self.pods_running: dict[Key, float] = {}  # RTJ or bare Job -> first seen with 2 pods Running
         self.failed: dict[str, float] = {}  # pod uid -> first seen Failed
         self._running: dict[Key, set[str]] = {}  # RTJ or bare Job -> uids of its Running pods
+        # Where the time to Running goes, per RTJ or bare Job: first seen with 2 pods made (by the Job
+        # controller), with 2 pods free of the operator's scheduling gate, with 2 pods bound to nodes.
+        self.stages: dict[str, dict[Key, float]] = {"made": {}, "ungated": {}, "bound": {}}
+        self._stage_pods: dict[str, dict[Key, set[str]]] = {s: {} for s in self.stages}
         self.changed = threading.Condition(self.lock)
         self._watches = [
             Watch(cluster, f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}", self._rtj),
@@ -188,6 +194,15 @@ class Observer:
                 running.discard(uid)
             if key not in self.pods_running and len(running) >= 2:
                 self.pods_running[key] = now
+            if kind != "DELETED" and not meta.get("deletionTimestamp"):
+                spec = obj.get("spec") or {}
+                gated = any(g.get("name") == api.SCHEDULING_GATE for g in spec.get("schedulingGates") or [])
+                for stage, reached in (("made", True), ("ungated", not gated), ("bound", bool(spec.get("nodeName")))):
+                    pods = self._stage_pods[stage].setdefault(key, set())
+                    if reached:
+                        pods.add(uid)
+                    if key not in self.stages[stage] and len(pods) >= 2:
+                        self.stages[stage][key] = now
             self.changed.notify_all()
 
     def wait(self, done: Callable[[], bool], timeout: float) -> bool:
@@ -369,8 +384,20 @@ def print_row(r: dict) -> None:
           f"| {r['rss']:.0f} MB | {r['harness']:.0f} / {r['harness_all']:.0f} |", flush=True)
 
 
+def stage_row(label: str, n: int, start: dict[Key, float], observer: Observer,
+              created: dict[Key, float] | None) -> str:
+    """Where the time to all pods Running went: p50 (p99) seconds from each create to each stage."""
+    def cell(seen: dict[Key, float]) -> str:
+        times = since(start, seen)
+        return f"{pct(times, 50):.1f} ({pct(times, 99):.1f})" if times else "-"
+    return (f"| {label} | {n} | {cell(created) if created is not None else '0 (made directly)'} "
+            f"| {cell(observer.stages['made'])} | {cell(observer.stages['ungated'])} "
+            f"| {cell(observer.stages['bound'])} | {cell(observer.pods_running)} |")
+
+
 def run_sizes(sizes: list[int], nodes: int, samples: int, sources: list[tuple[str, Path]]) -> None:
     print_header(nodes)
+    stages: list[str] = []
     with local_cluster(nodes) as (cluster, kube, observer):
         for label, src in sources:
             if src != ROOT:
@@ -386,6 +413,7 @@ def run_sizes(sizes: list[int], nodes: int, samples: int, sources: list[tuple[st
                     floor_start = create_floor(kube, floor_ns, n)
                     observer.wait(lambda s=floor_start: all(k in observer.pods_running for k in s), 120 + 2 * n)
                     floor = since(floor_start, observer.pods_running)
+                    stages.append(stage_row(f"bare Job+Service ({label}'s run)", n, floor_start, observer, None))
                     floor_wall = max(floor) if floor else float("nan")
                     clear(cluster, observer, floor_ns)
 
@@ -405,6 +433,7 @@ def run_sizes(sizes: list[int], nodes: int, samples: int, sources: list[tuple[st
                     steady_requests = operator_requests(cluster, steady0, time.time())
                     steady_cpu = operator.cpu_seconds() - cpu1
 
+                    stages.append(stage_row(label, n, start, observer, observer.created))
                     latencies = failure_latencies(kube, observer, sorted(start), samples)
                     print_row({"label": label, "n": n, "created": created, "running": running, "floor": floor,
                                "wall": max(running) if running else float("nan"), "floor_wall": floor_wall,
@@ -414,6 +443,12 @@ def run_sizes(sizes: list[int], nodes: int, samples: int, sources: list[tuple[st
                     clear(cluster, observer, ns_names)
             finally:
                 operator.stop()
+    print("\nWhere the time to Running goes: seconds from each create, p50 (p99), to the Job's Service and Job made"
+          " (Created=True), its 2 pods made by the Job controller, both free of the operator's scheduling gate, both"
+          " bound by the scheduler, both Running")
+    print("| operator | RTJs | children made | pods made | pods ungated | pods bound | pods Running |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(stages), flush=True)
 def run_targets(running: int, pending: int, fresh: int, nodes: int, samples: int) -> None:
     """Issue 9.10: a pod failure among running+pending RTJs counted within 2 s; `fresh` RTJs all with
     status within 2 minutes."""

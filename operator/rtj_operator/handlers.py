@@ -13,13 +13,29 @@ Watches of pods, Jobs, Services and PVCs are filtered by the API server (our man
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import kopf
 
 from . import api
 from .runtime import Runtime
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf keeps a diff base for change handlers: on every event it deep-copies the object to compare
+    it with the last handled one, a sixth of the operator's CPU while 100 RTJs start (py-spy, see
+    docs/benchmarks.md). There are no change handlers here (the stores and the pass do the comparing):
+    an empty essence, never stored."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return cast(kopf.BodyEssence, {})
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | Runtime,
@@ -39,6 +55,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | R
         # The finalizer earlier versions put on every RTJ (for their per-RTJ daemon): kopf removes it now
         # that no handler needs it, so RTJs made by an older operator delete without waiting.
         settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.posting.level = logging.WARNING
         # No runtime watching of CRDs and namespaces: fewer RBAC grants (see the chart).
         settings.scanning.disabled = True
@@ -52,8 +69,11 @@ def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | R
         # stores are primed (one LIST per kind) before any event arrives or any pass runs.
         holder["runtime"] = (runtime if isinstance(runtime, Runtime) else runtime()).start()
 
-    def feed(kind: str) -> Callable[..., None]:
-        def handler(type: str | None, body: kopf.Body, **_: Any) -> None:
+    def feed(kind: str) -> Callable[..., Awaitable[None]]:
+        # Async: run in kopf's event loop. A sync handler is handed to a thread pool on every event, a
+        # thread hop that costs more than observe() itself (a store update and a queue add, under
+        # locks held only for that).
+        async def handler(type: str | None, body: kopf.Body, **_: Any) -> None:
             rt = current()
             if rt is not None:
                 rt.observe(kind, type, body)

@@ -32,7 +32,7 @@ from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
 from .reconcile import Config, Requeue
 from .stores import Stores, ref, rtj_key
-from .workqueue import WorkQueue
+from .workqueue import RELEASE, WorkQueue
 from .world import ZONE_LABEL, CloudFencing, StorageCheck, World
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,12 @@ def failing(obj: dict[str, Any]) -> bool:
         return True
     alarms = ("Failed", "FailureTarget", "Complete", "DisruptionTarget")
     return any(c.get("type") in alarms and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    """Whether a pod (not going away) is held by the operator's scheduling gate."""
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and any(
+        g.get("name") == api.SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
@@ -264,6 +270,10 @@ class Runtime:
             self.queue.add(key)  # its pass forgets it
         elif kind in ("Pod", "Job") and failing(body):
             self.queue.add(key, urgent=True)
+        elif kind == "Pod" and gated(body):
+            # A new pod waits for a pass to lift the operator's scheduling gate: no coalescing, and
+            # before other jobs' first passes (the release lane; docs/benchmarks.md measures it).
+            self.queue.add(key, lane=RELEASE)
         else:
             self.queue.add_spaced(key, EVENT_SPACING)
 

@@ -22,13 +22,13 @@ mutate them (World copies what a pass may change). One lock per store.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from . import api
+from .copies import clone
 
 TOMBSTONE_SECONDS = 600.0
 DEPARTED_SECONDS = 120.0  # long past the next pass of its RTJ, which reads it
@@ -53,7 +53,7 @@ def detached(obj: dict[str, Any]) -> dict[str, Any]:
     """A store's copy: managedFields (half an object's bytes) left out, nothing shared with the source."""
     plain = {k: v for k, v in obj.items() if k != "metadata"}
     plain["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return copy.deepcopy(plain)
+    return clone(plain)
 
 
 def rtj_key(obj: dict[str, Any]) -> list[tuple[str, str]]:

@@ -2,9 +2,11 @@
 
 - A key is queued at most once (events for a job coalesce into one pass), and never handed to two
   workers at once: a key added while it is processed is marked dirty and queued again when done().
-- Two lanes: urgent keys (a failure to count, a decision just recorded) are served before normal
-  ones; an urgent add moves a key already waiting in the normal lane, so a failure never waits
-  behind timer passes.
+- Three lanes, served in order: urgent keys (a failure to count, a decision just recorded), release
+  keys (new pods wait for a pass to lift the operator's scheduling gate: served before other jobs'
+  first passes, so the control plane places one job's pods while the operator creates the next
+  job's children), then normal ones. An add to a better lane moves a key already waiting, so a
+  failure never waits behind timer passes.
 - Delayed adds (requeues): the earliest due time wins; an immediate add cancels a pending delay,
   since the pass it causes sets its own requeue.
 - Per-key rate-limited retries (exponential back-off on errors); forget() resets them.
@@ -25,6 +27,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 
 Key = Hashable
+URGENT, RELEASE, NORMAL = 0, 1, 2  # lanes, served in this order
+LANE_NAMES = {URGENT: "urgent", RELEASE: "release", NORMAL: "queued"}
 
 
 class WorkQueue:
@@ -33,10 +37,10 @@ class WorkQueue:
         self._clock, self._rand = clock, rand
         self._retry_base, self._retry_max = retry_base, retry_max
         self._cond = threading.Condition()
-        self._lanes: dict[bool, deque[Key]] = {True: deque(), False: deque()}  # urgent? -> keys in order
-        self._queued: dict[Key, bool] = {}  # key -> its lane (urgent?)
+        self._lanes: dict[int, deque[Key]] = {lane: deque() for lane in LANE_NAMES}  # lane -> keys in order
+        self._queued: dict[Key, int] = {}  # key -> its lane
         self._processing: set[Key] = set()
-        self._dirty: dict[Key, bool] = {}  # added while processing -> urgent?
+        self._dirty: dict[Key, int] = {}  # added while processing -> the best lane asked
         self._delayed: list[tuple[float, int, Key]] = []  # heap of (due, tiebreak, key); stale entries skipped
         self._due: dict[Key, float] = {}  # the live due time of each delayed key
         self._seq = itertools.count()
@@ -45,9 +49,10 @@ class WorkQueue:
         self._closed = False
 
     # --- adding ----------------------------------------------------------------------------------
-    def add(self, key: Key, urgent: bool = False) -> None:
+    def add(self, key: Key, urgent: bool = False, lane: int | None = None) -> None:
+        """Queue `key` now: in `lane`, else URGENT or NORMAL."""
         with self._cond:
-            self._add(key, urgent)
+            self._add(key, lane if lane is not None else URGENT if urgent else NORMAL)
 
     def add_after(self, key: Key, delay: float, jitter: float = 0.0) -> None:
         """Queue `key` in `delay` seconds (less up to `jitter` of it: keys created together would
@@ -95,12 +100,11 @@ class WorkQueue:
                 if self._closed:
                     return None
                 self._promote_due()
-                for urgent in (True, False):
-                    lane = self._lanes[urgent]
-                    while lane:
-                        key = lane.popleft()
-                        if self._queued.get(key) is not urgent:
-                            continue  # moved to the other lane, or already taken
+                for lane, keys in self._lanes.items():
+                    while keys:
+                        key = keys.popleft()
+                        if self._queued.get(key) != lane:
+                            continue  # moved to a better lane, or already taken
                         del self._queued[key]
                         self._processing.add(key)
                         self._started[key] = self._clock()
@@ -130,29 +134,29 @@ class WorkQueue:
             return len(self._queued)
 
     def pending(self, key: Key) -> str:
-        """'urgent', 'queued', 'processing', 'delayed' or '' (tests and debugging)."""
+        """'urgent', 'release', 'queued', 'processing', 'delayed' or '' (tests and debugging)."""
         with self._cond:
             if key in self._queued:
-                return "urgent" if self._queued[key] else "queued"
+                return LANE_NAMES[self._queued[key]]
             if key in self._processing:
                 return "processing"
             return "delayed" if key in self._due else ""
 
     # --- under the lock ------------------------------------------------------------------------
-    def _add(self, key: Key, urgent: bool) -> None:
+    def _add(self, key: Key, lane: int) -> None:
         self._due.pop(key, None)  # the pass this add causes sets its own requeue
         if key in self._processing:
-            self._dirty[key] = self._dirty.get(key, False) or urgent
+            self._dirty[key] = min(self._dirty.get(key, NORMAL), lane)
             return
-        lane = self._queued.get(key)
-        if lane is None or (urgent and not lane):
-            self._queued[key] = urgent
-            self._lanes[urgent].append(key)
+        have = self._queued.get(key)
+        if have is None or lane < have:
+            self._queued[key] = lane
+            self._lanes[lane].append(key)
             self._cond.notify()
 
     def _add_at(self, key: Key, due: float) -> None:
         if due <= self._clock():
-            self._add(key, False)
+            self._add(key, NORMAL)
             return
         if key in self._queued or (key in self._due and self._due[key] <= due):
             return
@@ -166,7 +170,7 @@ class WorkQueue:
             due, _, key = heapq.heappop(self._delayed)
             if self._due.get(key) == due:
                 del self._due[key]
-                self._add(key, False)
+                self._add(key, NORMAL)
 
     def _next_due_in(self) -> float | None:
         while self._delayed and self._due.get(self._delayed[0][2]) != self._delayed[0][0]:

@@ -5,7 +5,6 @@ their nodes. Read from the watch-fed stores (the operator) or from the API serve
 
 from __future__ import annotations
 
-import copy
 import datetime
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from .builders import build_job, build_pvc, coordinator_name, job_name, pvc_name
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
 from .conditions import is_true
+from .copies import clone
 from .kube import Kube, KubeError
 from .spec import RTJ
 from .stores import Stores
@@ -79,9 +79,9 @@ class World:
                        - {None, ""})
         if build_pvc(rtj) is None:
             pvc = None  # an existing claim is the user's: not read, not checked
-        return cls(copy.deepcopy(rtj_body), copy.deepcopy(service), copy.deepcopy(job), copy.deepcopy(pvc),
-                   copy.deepcopy(mine), {n: copy.deepcopy(node(n)) for n in names}, copy.deepcopy(coordinator),
-                   departed=[copy.deepcopy(p) for p in departed if job_uid and owned_by(p, job_uid)])
+        return cls(clone(rtj_body), clone(service), clone(job), clone(pvc),
+                   clone(mine), {n: clone(node(n)) for n in names}, clone(coordinator),
+                   departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)])
 
     @classmethod
     def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],

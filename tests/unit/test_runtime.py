@@ -116,6 +116,21 @@ def test_workers_take_no_key_before_the_stores_are_synced() -> None:
     assert ran == [("ns", "a")]
 
 
+def test_a_pod_held_by_the_operators_gate_is_not_coalesced_and_waits_only_behind_failures(runtime: Runtime) -> None:
+    """Nothing places a gated pod until a pass lifts the gate: its event queues the key at once (not
+    EVENT_SPACING after the last pass, as other events), in the release lane: after failures, before
+    other jobs' passes (a new RTJ's first)."""
+    runtime.observe("Pod", "MODIFIED", pod("b", 12, node="n2"))
+    assert drain(runtime) == [("ns", "b")]  # b's pass began just now
+    held = pod("b", 13, node="", index="1")
+    held["spec"] = {"schedulingGates": [{"name": api.SCHEDULING_GATE}]}
+    runtime.queue.add(("ns", "c"))  # e.g. a new RTJ: its first pass
+    runtime.observe("Pod", "ADDED", held)
+    runtime.observe("Pod", "MODIFIED", pod("a", 14, phase="Failed"))
+    assert [runtime.queue.pending(("ns", k)) for k in "abc"] == ["urgent", "release", "queued"]
+    assert drain(runtime) == [("ns", "a"), ("ns", "b"), ("ns", "c")]
+
+
 def test_a_failure_jumps_the_queue_and_other_events_coalesce(runtime: Runtime) -> None:
     runtime.observe("Pod", "MODIFIED", {**pod("b", 12, node="n2"), "metadata": {
         **pod("b", 12)["metadata"], "annotations": {"x": "1"}}})  # not a failure: spaced, normal lane

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rtj_operator.workqueue import WorkQueue
+from rtj_operator.workqueue import NORMAL, RELEASE, WorkQueue
 
 
 class Clock:
@@ -51,6 +51,22 @@ def test_urgent_keys_go_first_and_an_urgent_add_moves_a_waiting_key(q: WorkQueue
     q.add("failure", urgent=True)
     q.add("timer-2", urgent=True)  # a failure for a key whose timer pass still waits: it jumps the queue
     assert drain(q) == ["failure", "timer-2", "timer-1"]
+
+
+def test_three_lanes_in_order_and_a_key_moves_only_to_a_better_lane(q: WorkQueue) -> None:
+    q.add("first-pass")
+    q.add("release", lane=RELEASE)
+    q.add("failure", urgent=True)
+    q.add("release", lane=NORMAL)  # a later ordinary event keeps it in the better lane
+    q.add("first-pass", lane=RELEASE)  # its pods were made meanwhile: moved up
+    assert [q.pending(k) for k in ("failure", "release", "first-pass")] == ["urgent", "release", "release"]
+    assert drain(q) == ["failure", "release", "first-pass"]
+    q.add("a")
+    assert q.get(timeout=0) == "a"
+    q.add("a", lane=RELEASE)
+    q.add("a")  # while processed: the best lane asked is kept
+    q.done("a")
+    assert q.pending("a") == "release"
 
 
 def test_a_key_added_while_processed_runs_again_after_and_never_twice_at_once(q: WorkQueue) -> None:
