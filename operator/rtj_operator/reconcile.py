@@ -311,8 +311,8 @@ def ensure_job(d: Draft) -> None:
     desired = build_job(rtj, status.attempt)
     if job is None:
         coordinator = d.world.coordinator
-        if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp") or int(
-                (coordinator["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0) < status.attempt):
+        if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp")
+                                        or coordinator_attempt(coordinator) < status.attempt):
             d.busy = True  # the old gang's coordinator still answers its name: the new pods would find it
             return
         # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
@@ -477,9 +477,8 @@ def ensure_coordinator(d: Draft) -> None:
     suspended = bool(rtj.spec["suspend"] or status.recovery.suspended_for_capacity
                      or (job is not None and (job.get("spec") or {}).get("suspend")))
     if have is not None:
-        attempt = int((have["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
         if not have["metadata"].get("deletionTimestamp") and (
-                attempt < status.attempt or suspended or not rtj.spec["coordinator"]["enabled"]):
+                coordinator_attempt(have) < status.attempt or suspended or not rtj.spec["coordinator"]["enabled"]):
             stop_coordinator(d)
         d.busy = d.busy or bool(have["metadata"].get("deletionTimestamp"))
         return
@@ -513,6 +512,11 @@ def job_attempt(job: dict[str, Any]) -> int:
         return int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, 1))
     except (TypeError, ValueError):
         return 1
+
+
+def coordinator_attempt(pod: dict[str, Any]) -> int:
+    """The gang attempt a coordinator pod was made for (its label; 0 if unreadable: an old one)."""
+    return int((pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
 
 
 JOB_CONTROLLER = "kubernetes.io/job-controller"
@@ -855,7 +859,7 @@ def release_gated(d: Draft) -> None:
     for pod in d.world.pods:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         gates = spec.get("schedulingGates") or []
-        if meta.get("deletionTimestamp") or not any(g.get("name") == api.SCHEDULING_GATE for g in gates):
+        if not gated(pod):
             continue
         body: dict[str, Any] = {
             "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
@@ -864,6 +868,12 @@ def release_gated(d: Draft) -> None:
             body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": exclusion_terms(spec, nodes)}}}
         d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    """Whether a pod (not going away) is held by the operator's scheduling gate."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        g.get("name") == api.SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def awaiting_coordinator(d: Draft) -> bool:
@@ -877,9 +887,9 @@ def awaiting_coordinator(d: Draft) -> bool:
     if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
         return False
     coordinator = d.world.coordinator
-    if coordinator is not None and not coordinator["metadata"].get("deletionTimestamp") and (
-            coordinator.get("status") or {}).get("podIP") and str((coordinator["metadata"].get("labels") or {})
-                                                                 .get(api.LABEL_ATTEMPT)) == str(d.status.attempt):
+    if (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
+            and coordinator_attempt(coordinator) == d.status.attempt
+            and (coordinator.get("status") or {}).get("podIP")):
         return False
     created = parse_time(d.world.job["metadata"].get("creationTimestamp"))
     left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - created).total_seconds() if created else 0)

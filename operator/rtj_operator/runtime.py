@@ -30,7 +30,7 @@ from . import api, capacity, ladder, metrics
 from .controller import carry_out
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
-from .reconcile import Config, Requeue
+from .reconcile import Config, Requeue, gated
 from .stores import Stores, ref, rtj_key
 from .workqueue import RELEASE, WorkQueue
 from .world import ZONE_LABEL, CloudFencing, StorageCheck, World
@@ -61,12 +61,6 @@ def failing(obj: dict[str, Any]) -> bool:
         return True
     alarms = ("Failed", "FailureTarget", "Complete", "DisruptionTarget")
     return any(c.get("type") in alarms and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def gated(pod: dict[str, Any]) -> bool:
-    """Whether a pod (not going away) is held by the operator's scheduling gate."""
-    return not (pod.get("metadata") or {}).get("deletionTimestamp") and any(
-        g.get("name") == api.SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
