@@ -58,7 +58,7 @@ class OperatorThread:
 
     def start(self) -> OperatorThread:
         self._thread.start()
-        if not self._ready.wait(30):
+        if not self._ready.wait(30) or not self.runtime.wait_synced(30):
             raise RuntimeError(f"the operator did not start: {self.error!r}")
         return self
 

@@ -65,8 +65,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | R
         for resource in (("v1", "pods"), ("batch", "v1", "jobs"), ("v1", "services"),
                          ("v1", "persistentvolumeclaims")):
             settings.watching.label_selectors[resource] = ours
-        # Sync handler: kopf runs it in a thread and starts the watches once it returns, so the
-        # stores are primed (one LIST per kind) before any event arrives or any pass runs.
+        # start() returns at once (kopf serves the liveness endpoint only after this handler returns);
+        # it fills the stores (one LIST per kind, retried) before any pass runs.
         holder["runtime"] = (runtime if isinstance(runtime, Runtime) else runtime()).start()
 
     def feed(kind: str) -> Callable[..., Awaitable[None]]:

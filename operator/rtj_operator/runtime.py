@@ -41,6 +41,7 @@ Key = tuple[str, str]
 WORKERS = int(os.environ.get("RTJ_WORKERS", "16"))
 RESYNC_SECONDS = 300.0
 SETTLE_SECONDS = 15.0
+PRIME_RETRY_FIRST, PRIME_RETRY_MAX = 1.0, 30.0  # the start-up LIST, while the API server is unreachable
 # Watch events that are not failures wake a job at most this often after its last pass began: a new
 # job's events come in bursts (Job created, pods created, scheduled, started), one pass answers all.
 EVENT_SPACING = 1.0
@@ -158,14 +159,45 @@ class Runtime:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Runtime:
-        """Fill every store with one LIST (the synced guard), queue every RTJ once, then start the
-        workers, the periodic resync and the leader election."""
-        self.resync()
-        self._queue_all()
+        """Start the workers and, off the caller's thread, fill every store with one LIST per kind
+        (retried while the API server cannot be reached), queue every RTJ once, then start the
+        periodic resync and the leader election. It returns at once: kopf serves the liveness
+        endpoint only after its startup handler returns, and an operator that cannot reach the API
+        server yet is not dead (a restart would not help; the kubelet's back-off would only delay it
+        once the server is back). No pass runs before the stores are filled (the synced guard); the
+        watches may feed them meanwhile, and a LIST keeps their newer versions (Store.replace)."""
         for i in range(self._workers):
             thread = threading.Thread(target=self._work, name=f"rtj-worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        prime = threading.Thread(target=self._prime, name="rtj-prime", daemon=True)
+        prime.start()
+        self._threads.append(prime)
+        return self
+
+    def wait_synced(self, timeout: float) -> bool:
+        """True once every store is filled (the first LIST of every kind returned)."""
+        deadline = time.monotonic() + timeout
+        while not self.stores.synced:
+            if self._stop.wait(min(0.05, max(0.0, deadline - time.monotonic()))) or \
+                    time.monotonic() >= deadline:
+                return self.stores.synced
+        return True
+
+    def _prime(self) -> None:
+        delay = PRIME_RETRY_FIRST
+        while not self._stop.is_set():
+            try:
+                self.resync()
+                break
+            except Exception as exc:
+                log.warning("cannot LIST the objects to start from (%s); again in %.0f s", exc, delay)
+                if self._stop.wait(delay):
+                    return
+                delay = min(delay * 2, PRIME_RETRY_MAX)
+        if self._stop.is_set():
+            return  # stopped while listing: no election to start
+        self._queue_all()
         resync = threading.Thread(target=self._resync_loop, name="rtj-resync", daemon=True)
         resync.start()
         self._threads.append(resync)
@@ -174,7 +206,6 @@ class Runtime:
             self.elector.start()
         else:
             metrics.LEADER.set(1)  # the only replica: it acts
-        return self
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.leading()
@@ -228,8 +259,8 @@ class Runtime:
             self.queue.add(key)
 
     def _resync_loop(self) -> None:
-        # The first re-LIST comes soon: the stores were primed before kopf's watches began, with their
-        # own LIST, and an object deleted in between is reported by neither.
+        # The first re-LIST comes soon: the stores were filled by a LIST of their own, apart from the
+        # watches' LIST, and an object deleted in between is reported by neither.
         wait = SETTLE_SECONDS
         while not self._stop.wait(wait):
             wait = RESYNC_SECONDS

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -84,6 +85,24 @@ def drain(rt: Runtime) -> list[tuple[str, str]]:
     return keys
 
 
+def drain_when(rt: Runtime, n: int, timeout: float = 5.0) -> list[tuple[str, str]]:
+    """`n` keys, as another thread (start()'s) queues them."""
+    keys: list[tuple[str, str]] = []
+    deadline = time.monotonic() + timeout
+    while len(keys) < n and time.monotonic() < deadline:
+        if (key := rt.queue.get(timeout=0.05)) is not None:
+            keys.append(key)
+            rt.queue.done(key)
+    return keys
+
+
+def until(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(predicate())
+
+
 def test_start_lists_every_kind_before_any_key_is_queued() -> None:
     """The synced guard: one LIST per kind fills the stores, and only then is any RTJ queued."""
     kube = FakeKube({api.KIND: [rtj("a"), rtj("b")], "Pod": [pod("a", 10)]})
@@ -93,9 +112,38 @@ def test_start_lists_every_kind_before_any_key_is_queued() -> None:
     assert not rt.stores.synced
     rt.start()
     try:
+        assert rt.wait_synced(5)
         assert [c for c in kube.calls if c[0] == "list"] == [("list", k) for k in Stores.KINDS]
-        assert depths == [0] * len(Stores.KINDS) and rt.stores.synced
-        assert sorted(drain(rt)) == [("ns", "a"), ("ns", "b")]
+        assert depths == [0] * len(Stores.KINDS)
+        assert sorted(drain_when(rt, 2)) == [("ns", "a"), ("ns", "b")]
+    finally:
+        rt.stop()
+
+
+def test_start_returns_while_the_api_server_is_unreachable_and_lists_once_it_answers(monkeypatch) -> None:
+    """kopf serves the liveness endpoint only after its startup handler (which calls start()) returns:
+    an API server that cannot be reached yet must not hold it, nor end it. The LIST is retried; no
+    key is queued and no pass runs before every store is filled."""
+    import rtj_operator.runtime as runtime_module
+    monkeypatch.setattr(runtime_module, "PRIME_RETRY_FIRST", 0.05)
+    kube = FakeKube({api.KIND: [rtj("a")]})
+    refusals = []
+
+    def refuse(kind: str) -> None:
+        if len(refusals) < 3:
+            refusals.append(kind)
+            raise ConnectionRefusedError("connection refused")
+    kube.on_list = refuse
+    rt = Runtime(kube, workers=1, clock=Clock())  # type: ignore[arg-type]
+    ran: list[Any] = []
+    rt.run = ran.append  # type: ignore[method-assign]
+    rt.queue.add(("ns", "early"))  # a watch event before the stores are filled
+    rt.start()  # returns although the LIST fails
+    try:
+        assert not rt.stores.synced and ran == []
+        assert rt.wait_synced(5), kube.calls
+        assert len(refusals) == 3
+        assert until(lambda: sorted(ran) == [("ns", "a"), ("ns", "early")]), ran
     finally:
         rt.stop()
 
