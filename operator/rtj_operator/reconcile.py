@@ -642,6 +642,15 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
             waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
                     f"{ledger.suspended_for_capacity} to release its nodes: {len(fits)} node(s) fit a pod of it, "
                     f"{d.rtj.nodes} needed; it resumes by itself once enough do")
+    elif why := coordinator_unschedulable(d):
+        # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
+        # nothing to release by suspending. Not the job's fault; bounded by capacityTimeoutSeconds.
+        d.short_of_capacity = True
+        waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
+                f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
+                "(gated: they hold no node)")
+        if budget["capacityTimeoutSeconds"]:
+            d.wait(max(1.0, budget["capacityTimeoutSeconds"] - waited))
     elif plan.unschedulable or (old.get("reason") == "Unschedulable" and not scheduled(d)):
         # Once a pod found no node, the wait (and its clock) goes on until every index has a node: a gang
         # short of nodes has its pods take turns on the nodes it has (each failing its rendezvous, the
@@ -679,8 +688,17 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
         return
     limit = budget["capacityTimeoutSeconds"]
     if limit and waited >= limit:
-        fail(d, "InsufficientCapacity", f"no capacity for the job's pods for {waited:.0f}s "
+        whose = "the job's coordinator" if coordinator_unschedulable(d) else "the job's pods"
+        fail(d, "InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
                                         f"(restartBudget.capacityTimeoutSeconds={limit})")
+
+
+def coordinator_unschedulable(d: Draft) -> str:
+    """The scheduler's message if it finds no node for the coordinator of the gang's attempt."""
+    coordinator = d.world.coordinator
+    if coordinator is None or coordinator_attempt(coordinator) != d.status.attempt:
+        return ""
+    return ladder.unschedulable(coordinator)
 
 
 def scheduled(d: Draft) -> bool:
@@ -870,6 +888,12 @@ def release_gated(d: Draft) -> None:
         d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
 
 
+def bound_since(pod: dict[str, Any] | None) -> str | None:
+    """When the pod was bound to a node (its PodScheduled condition turned True)."""
+    cond = conditions.get_condition(((pod or {}).get("status") or {}).get("conditions") or [], "PodScheduled")
+    return cond.get("lastTransitionTime") if cond and cond.get("status") == "True" else None
+
+
 def gated(pod: dict[str, Any]) -> bool:
     """Whether a pod (not going away) is held by the operator's scheduling gate."""
     return not pod["metadata"].get("deletionTimestamp") and any(
@@ -883,7 +907,9 @@ def awaiting_coordinator(d: Draft) -> bool:
     name that does not resolve in time fails the pod (71, charged). The Service publishes not-ready
     addresses, so the name resolves once the coordinator has an IP: until then the gate stays (CI: a
     coordinator slow to start on a busy node cost a job a gang restart). Bounded: once the Job is
-    rendezvousTimeoutSeconds old the pods go anyway, and their own wait says what is wrong."""
+    rendezvousTimeoutSeconds old, and the coordinator as long bound to a node, the pods go anyway,
+    and their own wait says what is wrong. A coordinator the scheduler finds no node for keeps them
+    gated with no such bound: that wait is WaitingForCapacity's (wait_for_capacity), never the job's."""
     if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
         return False
     coordinator = d.world.coordinator
@@ -891,8 +917,11 @@ def awaiting_coordinator(d: Draft) -> bool:
             and coordinator_attempt(coordinator) == d.status.attempt
             and (coordinator.get("status") or {}).get("podIP")):
         return False
-    created = parse_time(d.world.job["metadata"].get("creationTimestamp"))
-    left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - created).total_seconds() if created else 0)
+    if coordinator_unschedulable(d):
+        return True  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
+    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")),
+                         parse_time(bound_since(coordinator))) if t is not None]
+    left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
     if left <= 0:
         return False
     d.wait(max(0.5, left))  # the coordinator's own events wake the job sooner

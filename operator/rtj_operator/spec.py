@@ -142,14 +142,41 @@ def _validator() -> Any:
     return _Validator(api.openapi_schema())
 
 
-def schema_errors(body: dict[str, Any]) -> list[str]:
-    """What kube-apiserver would reject at `kubectl apply` (defaults applied first, as it does)."""
+def schema_errors(body: dict[str, Any], strict: bool = True) -> list[str]:
+    """What kube-apiserver would reject at `kubectl apply`: with `strict` (kubectl's default field
+    validation) fields the schema does not declare; then the schema's rules, with defaults applied
+    first, as the server does. Without strict validation (other clients) undeclared fields are pruned
+    (with_defaults)."""
+    unknown = _unknown_fields(api.openapi_schema(), body, "") if strict else []
+    if unknown:
+        return unknown
     body = copy.deepcopy(body)
     if isinstance(body.get("spec"), dict):
         body["spec"] = with_defaults(body["spec"])
     errors = sorted(_validator().iter_errors(body), key=lambda e: list(e.absolute_path))
     messages = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in errors]
     return messages or _list_map_errors(api.openapi_schema(), body, "")
+
+
+def _unknown_fields(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """kube-apiserver's strict decoding: 'unknown field "spec.pod.containers[0].foo"'."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    errors: list[str] = []
+    if isinstance(value, dict) and "properties" in schema:
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in schema["properties"]:
+                errors += _unknown_fields(schema["properties"][key], item, where)
+            else:
+                errors.append(f'unknown field "{where}"')
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, item in value.items():
+            errors += _unknown_fields(schema["additionalProperties"], item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += _unknown_fields(schema["items"], item, f"{path}[{i}]")
+    return errors
 
 
 def _list_map_errors(schema: dict[str, Any], value: Any, path: str) -> list[str]:

@@ -16,6 +16,7 @@ from rtj_dev.kueue import LocalKueue
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 # One gang of two p5 pods (the builder's requests: 20 CPUs and 200 GiB per GPU, 8 GPUs, 32 EFA).
 ONE_GANG = {"cpu": "320", "memory": "3200Gi", "nvidia.com/gpu": "16", "vpc.amazonaws.com/efa": "64"}
+TWO_GANGS = {"cpu": "640", "memory": "6400Gi", "nvidia.com/gpu": "32", "vpc.amazonaws.com/efa": "128"}
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +135,69 @@ def test_suspend_deactivates_the_workload_and_resume_requeues_it(kube, ns, opera
     st = job.wait_running(nodes=2, timeout=90)
     assert cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["spec"]["active"] is True
     assert (st.get("jobRestarts"), st.get("disruptions"), st["attempt"]) == (0, 0, 1), st
+
+
+L3 = "topology.k8s.aws/network-node-layer-3"
+HOSTNAME = "kubernetes.io/hostname"
+
+
+@pytest.fixture
+def tas_queue(cluster, kueue, ns, own_nodes) -> Iterator[str]:
+    """Topology Aware Scheduling (beta, on by default in Kueue 0.17): a Topology (network layer 3, then
+    the host), a ResourceFlavor of this test's own nodes using it, and a ClusterQueue with quota for
+    two gangs, so that only the topology decides where a gang goes."""
+    name = f"tas-{ns}"[:63]
+    cluster.api("POST", f"{KUEUE}/topologies", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "metadata": {"name": name},
+        "spec": {"levels": [{"nodeLabel": L3}, {"nodeLabel": HOSTNAME}]}})
+    cluster.api("POST", f"{KUEUE}/resourceflavors", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": {"rtj.dev/test-node": own_nodes.label}, "topologyName": name}})
+    resources = sorted(ONE_GANG)
+    cluster.api("POST", f"{KUEUE}/clusterqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": resources, "flavors": [
+            {"name": name, "resources": [{"name": r, "nominalQuota": TWO_GANGS[r]} for r in resources]}]}]}})
+    cluster.api("POST", f"{KUEUE}/namespaces/{ns}/localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "tas", "namespace": ns},
+        "spec": {"clusterQueue": name}})
+    yield "tas"
+    for path in (f"{KUEUE}/namespaces/{ns}/localqueues/tas", f"{KUEUE}/clusterqueues/{name}",
+                 f"{KUEUE}/resourceflavors/{name}", f"{KUEUE}/topologies/{name}"):
+        try:
+            cluster.api("DELETE", path)
+        except RuntimeError:
+            pass
+
+
+def test_kueue_topology_aware_scheduling_places_the_gang_in_one_domain_with_room(
+        kube, ns, operator, tas_queue, own_nodes, cluster):
+    """placement.topology with a queue: the Job's pod template asks Kueue for one layer-3 domain
+    (podset-required-topology); Kueue's TAS picks the domain with room for the whole gang at admission
+    and ungates each pod onto its node with a gate of its own, beside the operator's (which the
+    operator lifts, keeping Kueue's). nn-a has one node, nn-b two: the gang of two can only go to nn-b."""
+    own_nodes(1, **{L3: "nn-a"})
+    b = own_nodes(2, **{L3: "nn-b"})
+    job = make(kube, ns, "train", tas_queue, placement={
+        "nodeSelector": {"rtj.dev/test-node": own_nodes.label}, "topology": {"key": L3}})
+    st = job.wait_running(nodes=2, timeout=120)
+    assert {p["spec"]["nodeName"] for p in job.running_pods()} == set(b), job.running_pods()
+    # Kueue's ungater put each pod on its host (a nodeSelector), not the scheduler's choice among three.
+    assert all(p["spec"]["nodeSelector"].get(HOSTNAME) == p["spec"]["nodeName"] for p in job.running_pods())
+    wl = cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{st['queue']['workload']}")
+    (assignment,) = wl["status"]["admission"]["podSetAssignments"]
+    # Kueue records the assignment at the topology's lowest level: the hosts it chose (v1beta2's compact
+    # form, a common prefix and the rest of each name).
+    topology = assignment["topologyAssignment"]
+    (hosts,) = [v["individual"] for sl in topology["slices"] for v in sl["valuesPerLevel"]]
+    assert topology["levels"] == [HOSTNAME], topology
+    assert {hosts.get("prefix", "") + root + hosts.get("suffix", "") for root in hosts["roots"]} == set(b), topology
+    assert job.job()["spec"]["template"]["metadata"]["annotations"][
+        "kueue.x-k8s.io/podset-required-topology"] == L3
+    assert (st.get("jobRestarts"), st.get("disruptions"), st.get("restarts")) == (0, 0, 0), st
+    # A second gang finds no domain with room for two (one node left, in nn-a): Kueue keeps it queued
+    # (the quota would admit it), and the RTJ says so in Kueue's words.
+    second = make(kube, ns, "second", tas_queue, placement={
+        "nodeSelector": {"rtj.dev/test-node": own_nodes.label}, "topology": {"key": L3}})
+    cond = wait_until(lambda: queued(second), timeout=60, what="the second gang Queued")
+    assert not second.pods() and second.job()["spec"]["suspend"] is True, cond

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import Job, wait_until
+from rtj_operator import api
 from rtj_worker import exit_codes
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -138,3 +139,28 @@ def test_no_node_for_a_replacement_is_waited_on_visibly_charged_to_nobody_and_re
     assert rtj.condition("WaitingForCapacity")["status"] == "False"
     assert {"Unschedulable", "SuspendedForCapacity", "ResumingForCapacity"} <= set(rtj.reasons())
     assert set(first) - {lost} <= {p["spec"]["nodeName"] for p in rtj.running_pods()}
+
+
+def test_a_coordinator_with_no_node_keeps_its_gang_gated_waits_visibly_and_is_charged_to_nobody(
+        rtj, kube, ns, operator, own_nodes):
+    """A coordinator the scheduler cannot place (its node group full, or labelled later): its gang's
+    pods were released after rendezvousTimeoutSeconds and failed to resolve its name (71), each try
+    charged. Now they stay gated (holding no node), WaitingForCapacity says why, and the gang starts
+    once a node fits the coordinator."""
+    own_nodes(2)
+    rtj.create(placement={"nodeSelector": {"rtj.dev/test-node": own_nodes.label}},
+               coordinator={"nodeSelector": {"rtj.dev/coordinator-node": own_nodes.label}},
+               resiliency={"rendezvousTimeoutSeconds": 10})
+    cond = wait_until(lambda: c if (c := rtj.condition("WaitingForCapacity")).get("status") == "True" else None,
+                      timeout=40, what="WaitingForCapacity")
+    assert cond["reason"] == "CoordinatorUnschedulable" and "nodes are available" in cond["message"], cond
+    time.sleep(12)  # past rendezvousTimeoutSeconds
+    pods = rtj.pods()
+    assert len(pods) == 2 and all(not p["spec"].get("nodeName") and any(
+        g["name"] == api.SCHEDULING_GATE for g in p["spec"].get("schedulingGates") or []) for p in pods), pods
+    assert counters(rtj.status()) == (0, 0, 0) and rtj.status().get("phase") != "Failed", rtj.status()
+    own_nodes(1, **{"rtj.dev/coordinator-node": own_nodes.label})  # the coordinator's node group grows
+    st = rtj.wait_running(nodes=2, timeout=90)
+    assert counters(st) == (0, 0, 0), st
+    assert rtj.condition("WaitingForCapacity")["status"] == "False"
+    assert "CoordinatorUnschedulable" in rtj.reasons()

@@ -160,6 +160,59 @@ def test_a_new_gangs_pods_wait_for_the_coordinators_address_at_most_the_rendezvo
         assert intent.requeue.seconds <= 60 - job_age
 
 
+def unplaced_coordinator(w: W, bound_ago: float | None = None) -> W:
+    """The coordinator Pending without an address: unschedulable, or bound `bound_ago` seconds ago."""
+    coord = w.world.coordinator
+    coord["status"] = {"phase": "Pending"}
+    if bound_ago is None:
+        del coord["spec"]["nodeName"]
+        coord["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                          "message": "0/9 nodes are available: 9 Insufficient cpu."}]
+    else:
+        coord["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                          "lastTransitionTime": ts(bound_ago)}]
+    return w
+
+
+@pytest.mark.parametrize("bound_ago,waited,want", [
+    # No node for the coordinator: its gang stays gated past the rendezvous bound (its workers would
+    # fail their DNS wait, charged), and the wait is said, never charged.
+    (None, 0, "CoordinatorUnschedulable"),
+    (None, 3000, "CoordinatorUnschedulable"),
+    # ... and bounded by capacityTimeoutSeconds: Failed with the platform's reason.
+    (None, 3601, "Failed"),
+    # Bound to a node late (the Job is 10 minutes old): the bound counts from its binding.
+    (5, 0, "gated"),
+    (61, 0, "released"),
+])
+def test_a_coordinator_that_finds_no_node_keeps_its_gang_gated_waiting_for_capacity_not_charged(
+        bound_ago, waited, want):
+    w = unplaced_coordinator(W(resiliency={"rendezvousTimeoutSeconds": 60},
+                               restartBudget={"capacityTimeoutSeconds": 3600, "capacitySuspendSeconds": 300}),
+                             bound_ago)
+    if waited:
+        w.body["status"]["conditions"] = [{"type": "WaitingForCapacity", "status": "True",
+                                           "reason": "CoordinatorUnschedulable", "message": "",
+                                           "lastTransitionTime": ts(waited), "observedGeneration": 1}]
+    w.world.job["metadata"]["creationTimestamp"] = ts(600)
+    w.world.pods = [gated(p) for p in w.world.pods]
+    intent = w.run()
+    st = intent.status
+    ungated = [a for a in intent.actions if a.verb == UNGATE]
+    assert st.job_restarts == 0 and st.disruptions == 0
+    capacity = next((c for c in st.conditions if c["type"] == "WaitingForCapacity"), {})
+    if want == "CoordinatorUnschedulable":
+        assert not ungated and capacity["status"] == "True" and capacity["reason"] == want
+        assert "the coordinator pod train-rdzv: 0/9 nodes are available" in capacity["message"]
+        assert not w.world.job["spec"].get("suspend") and not st.recovery.suspended_for_capacity
+        assert intent.requeue.seconds <= 3600 - waited
+    elif want == "Failed":
+        assert st.phase == "Failed" and st.last_failure_reason == "InsufficientCapacity"
+        assert "the job's coordinator" in st.last_failure_message
+    else:
+        assert bool(ungated) is (want == "released") and capacity.get("status") != "True"
+
+
 def test_two_job_failures_on_one_node_exclude_it():
     w = W(pods=3)
     w.status(recovery={"nodeFailures": {"n1": 1}})
