@@ -55,6 +55,8 @@ TERMINAL = ("Succeeded", "Failed")
 WAITING_FOR_FENCING = "WaitingForFencing"
 WAITING_FOR_POD_TERMINATION = "WaitingForPodTermination"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
+# Wait reasons that bound nothing (the job trains meanwhile): their time is not the gang's wait.
+UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
 
@@ -627,7 +629,8 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
     if d.rtj.spec["suspend"]:
         return
     old = conditions.get_condition(d.old.get("conditions") or [], WAITING_FOR_CAPACITY) or {}
-    since = parse_time(old.get("lastTransitionTime")) if old.get("status") == "True" else None
+    since = parse_time(old.get("lastTransitionTime")) if (
+        old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
     waited = (d.now - since).total_seconds() if since else 0.0
     fits = d.world.fitting_nodes or {}
     if ledger.suspended_for_capacity:
@@ -644,11 +647,14 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
                     f"{d.rtj.nodes} needed; it resumes by itself once enough do")
     elif why := coordinator_unschedulable(d):
         # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
-        # nothing to release by suspending. Not the job's fault; bounded by capacityTimeoutSeconds.
+        # nothing to release by suspending (and resuming would wait for worker nodes, not for the
+        # coordinator's). Not the job's fault; bounded by capacityTimeoutSeconds.
+        holding = sum(1 for p in d.world.pods
+                      if p.get("spec", {}).get("nodeName") and not p["metadata"].get("deletionTimestamp"))
         d.short_of_capacity = True
         waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
                 f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
-                "(gated: they hold no node)")
+                + (f"({holding} of them on nodes)" if holding else "(gated: they hold no node)"))
         if budget["capacityTimeoutSeconds"]:
             d.wait(max(1.0, budget["capacityTimeoutSeconds"] - waited))
     elif plan.unschedulable or (old.get("reason") == "Unschedulable" and not scheduled(d)):
@@ -722,6 +728,11 @@ def waiting(d: Draft, type_: str, reason: str, message: str) -> None:
     if not (old and old.get("status") == "True" and old.get("reason") == reason):
         d.event("Warning", reason, message)
     d.cond(type_, True, reason, message)
+    if old and old.get("status") == "True" and old.get("reason") in UNTIMED_WAITS and reason not in UNTIMED_WAITS:
+        # The condition stayed True, but the wait its clock bounds (wait_for_capacity) begins now: a
+        # standby that lacked a node for a day must not time the gang out at its first wait.
+        cond = conditions.get_condition(d.status.conditions, type_)
+        cond["lastTransitionTime"] = timestamp(d.now)
     d.busy = True
 
 
@@ -919,8 +930,10 @@ def awaiting_coordinator(d: Draft) -> bool:
         return False
     if coordinator_unschedulable(d):
         return True  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
-    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")),
-                         parse_time(bound_since(coordinator))) if t is not None]
+    bound = bound_since(coordinator) if coordinator is not None and coordinator_attempt(coordinator) == \
+        d.status.attempt else None
+    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")), parse_time(bound))
+             if t is not None]
     left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
     if left <= 0:
         return False

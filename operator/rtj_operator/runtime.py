@@ -190,11 +190,19 @@ class Runtime:
             try:
                 self.resync()
                 break
-            except Exception as exc:
+            except KubeError as exc:
+                if exc.status in (401, 403, 404):
+                    # Not a server still starting: a missing CRD or RBAC grant, which `helm upgrade` (or
+                    # the admin) may still put right, so retried, but said loudly.
+                    log.error("the start-up LIST is refused (%s): is the CRD installed, and does the "
+                              "ServiceAccount have the chart's RBAC? again in %.0f s", exc, delay)
+                else:
+                    log.warning("cannot LIST the objects to start from (%s); again in %.0f s", exc, delay)
+            except Exception as exc:  # the server unreachable, or answering 5xx/429 while it starts
                 log.warning("cannot LIST the objects to start from (%s); again in %.0f s", exc, delay)
-                if self._stop.wait(delay):
-                    return
-                delay = min(delay * 2, PRIME_RETRY_MAX)
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, PRIME_RETRY_MAX)
         if self._stop.is_set():
             return  # stopped while listing: no election to start
         self._queue_all()
@@ -333,8 +341,8 @@ class Runtime:
         while not self._stop.is_set():
             if not self.stores.synced:
                 # The synced guard: no pass on a half-filled store (a pod missing from it would look
-                # deleted, a node lost). start() LISTs every kind before the workers begin; this holds
-                # for a runtime whose workers run before that (tests) too.
+                # deleted, a node lost). start() begins the workers before its first LIST of every
+                # kind returns (retried while the API server cannot be reached).
                 self._stop.wait(0.1)
                 continue
             if self.elector is not None and not (self.elector.wait_leading(1.0)

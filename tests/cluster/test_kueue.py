@@ -199,5 +199,8 @@ def test_kueue_topology_aware_scheduling_places_the_gang_in_one_domain_with_room
     # (the quota would admit it), and the RTJ says so in Kueue's words.
     second = make(kube, ns, "second", tas_queue, placement={
         "nodeSelector": {"rtj.dev/test-node": own_nodes.label}, "topology": {"key": L3}})
-    cond = wait_until(lambda: queued(second), timeout=60, what="the second gang Queued")
+    # Kueue's own verdict (not the operator's WaitingForWorkload before Kueue has looked at it).
+    cond = wait_until(lambda: c if (c := queued(second)) and c["reason"] != "WaitingForWorkload" else None,
+                      timeout=60, what="Kueue's verdict on the second gang")
+    assert "topology" in cond["message"].lower(), cond
     assert not second.pods() and second.job()["spec"]["suspend"] is True, cond

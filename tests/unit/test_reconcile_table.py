@@ -413,6 +413,24 @@ def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason()
     assert st.phase == "Failed" and st.last_failure_reason == "InsufficientCapacity" and st.job_restarts == 0
 
 
+def test_a_standbys_long_wait_for_a_node_is_not_the_gangs_wait():
+    """StandbyUnschedulable keeps WaitingForCapacity True while the job trains; when the gang itself
+    then lacks a node, its wait (capacitySuspendSeconds, capacityTimeoutSeconds) starts then, not a
+    day ago (review: the old transition time suspended or failed the gang at its first wait)."""
+    w = waiting_since(W(restartBudget={"capacityTimeoutSeconds": 3600, "capacitySuspendSeconds": 300}), 90000,
+                      reason="StandbyUnschedulable")
+    w.world.pods[1] = unschedulable(1)
+    st = w.run().status
+    cond = condition_of(st, "WaitingForCapacity")
+    assert (cond["status"], cond["reason"]) == ("True", "Unschedulable"), cond
+    assert cond["lastTransitionTime"] == NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert st.phase != "Failed" and not st.recovery.suspended_for_capacity
+
+
+def condition_of(status, type_: str) -> dict[str, Any]:
+    return next(c for c in status.conditions if c["type"] == type_)
+
+
 def test_a_job_another_controller_manages_is_mirrored_not_waited_on():
     w = W()
     w.world.job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
