@@ -124,9 +124,16 @@ class StopRequest:
             self._exit(128 + (self.signum or signal.SIGTERM), "the stop deadline passed")
 
     def _exit(self, code: int, why: str) -> None:
-        log.warning("exiting (%d): %s", code, why)
-        events.emit("stopped", code=code, why=why)
-        os._exit(code)
+        # On the main thread inprocess.Wrapper may raise an asynchronous exception at any bytecode (a
+        # peer's fault interrupts the training loop): one landing in the log line or the event carried
+        # a stopping rank into an in-process restart instead of out (CI: the rank ended 30 s later, 1,
+        # not 143). The exit is in `finally`, which no such exception skips; the interpreter checks for
+        # them after a call returns, and os._exit does not return.
+        try:
+            log.warning("exiting (%d): %s", code, why)
+            events.emit("stopped", code=code, why=why)
+        finally:
+            os._exit(code)
 
     # The training loop's side (main thread).
     def enter_training(self) -> None:
@@ -134,9 +141,12 @@ class StopRequest:
             self.phase = TRAINING
 
     def leave_training(self) -> None:
-        """An exception left the loop: no collective can save now, so a requested stop ends the rank."""
-        with self._lock:
-            self.phase = SETUP
+        """An exception left the loop: no collective can save now, so a requested stop ends the rank
+        (in `finally`: see _exit)."""
+        try:
+            with self._lock:
+                self.phase = SETUP
+        finally:
             if self.signum is not None:
                 self._exit(128 + self.signum, "the training loop failed while stopping")
 

@@ -363,9 +363,11 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
                 raise FinalCheckpointLost(f"the final checkpoint (step {args.steps}) was not committed")
             result = {"loss": float(loss.item()), "checksum": checksum(model)}
         except BaseException as exc:
-            if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                progress.failed(exc, progress.step, own=own_fault(exc))
-            stop.leave_training()  # ends this rank if it was asked to stop
+            try:
+                if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                    progress.failed(exc, progress.step, own=own_fault(exc))
+            finally:  # even if inprocess.Wrapper's asynchronous exception lands in the report
+                stop.leave_training()  # ends this rank if it was asked to stop
             raise
         stop.finished()
         return result
