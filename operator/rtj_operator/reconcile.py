@@ -633,6 +633,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
         old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
     waited = (d.now - since).total_seconds() if since else 0.0
     fits = d.world.fitting_nodes or {}
+    whose = "the job's pods"
     if ledger.suspended_for_capacity:
         if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
             ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
@@ -649,9 +650,8 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
         # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
         # nothing to release by suspending (and resuming would wait for worker nodes, not for the
         # coordinator's). Not the job's fault; bounded by capacityTimeoutSeconds.
-        holding = sum(1 for p in d.world.pods
-                      if p.get("spec", {}).get("nodeName") and not p["metadata"].get("deletionTimestamp"))
-        d.short_of_capacity = True
+        holding = sum(1 for p in d.world.pods if on_node(p))
+        d.short_of_capacity, whose = True, "the job's coordinator"
         waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
                 f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
                 + (f"({holding} of them on nodes)" if holding else "(gated: they hold no node)"))
@@ -694,7 +694,6 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
         return
     limit = budget["capacityTimeoutSeconds"]
     if limit and waited >= limit:
-        whose = "the job's coordinator" if coordinator_unschedulable(d) else "the job's pods"
         fail(d, "InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
                                         f"(restartBudget.capacityTimeoutSeconds={limit})")
 
@@ -711,10 +710,14 @@ def scheduled(d: Draft) -> bool:
     """Whether every index of the gang has a pod bound to a node (not going away), or none is wanted."""
     if ((d.world.job or {}).get("spec") or {}).get("suspend"):
         return True  # a queue holds the gang: no pod to place
-    bound = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in d.world.pods
-             if p.get("spec", {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
-             and p.get("status", {}).get("phase") in ("Pending", "Running")}
+    bound = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in d.world.pods if on_node(p)}
     return len(bound - {None}) >= d.rtj.nodes
+
+
+def on_node(pod: dict[str, Any]) -> bool:
+    """Whether the pod holds a node: bound to one, not going away, not finished."""
+    return bool(pod.get("spec", {}).get("nodeName") and not pod["metadata"].get("deletionTimestamp")
+                and pod.get("status", {}).get("phase") in ("Pending", "Running"))
 
 
 def waiting(d: Draft, type_: str, reason: str, message: str) -> None:
@@ -924,16 +927,15 @@ def awaiting_coordinator(d: Draft) -> bool:
     if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
         return False
     coordinator = d.world.coordinator
+    if coordinator is not None and coordinator_attempt(coordinator) != d.status.attempt:
+        coordinator = None  # an older gang's: it says nothing of this one
     if (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
-            and coordinator_attempt(coordinator) == d.status.attempt
             and (coordinator.get("status") or {}).get("podIP")):
         return False
     if coordinator_unschedulable(d):
         return True  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
-    bound = bound_since(coordinator) if coordinator is not None and coordinator_attempt(coordinator) == \
-        d.status.attempt else None
-    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")), parse_time(bound))
-             if t is not None]
+    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")),
+                         parse_time(bound_since(coordinator))) if t is not None]
     left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
     if left <= 0:
         return False

@@ -178,11 +178,8 @@ class Runtime:
     def wait_synced(self, timeout: float) -> bool:
         """True once every store is filled (the first LIST of every kind returned)."""
         deadline = time.monotonic() + timeout
-        while not self.stores.synced:
-            if self._stop.wait(min(0.05, max(0.0, deadline - time.monotonic()))) or \
-                    time.monotonic() >= deadline:
-                return self.stores.synced
-        return True
+        return all(self.stores.of(kind).synced.wait(max(0.0, deadline - time.monotonic()))
+                   for kind in Stores.KINDS)
 
     def _prime(self) -> None:
         delay = PRIME_RETRY_FIRST
@@ -190,16 +187,14 @@ class Runtime:
             try:
                 self.resync()
                 break
-            except KubeError as exc:
-                if exc.status in (401, 403, 404):
+            except Exception as exc:
+                if isinstance(exc, KubeError) and exc.status in (401, 403, 404):
                     # Not a server still starting: a missing CRD or RBAC grant, which `helm upgrade` (or
                     # the admin) may still put right, so retried, but said loudly.
                     log.error("the start-up LIST is refused (%s): is the CRD installed, and does the "
                               "ServiceAccount have the chart's RBAC? again in %.0f s", exc, delay)
-                else:
+                else:  # the server unreachable, or answering 5xx/429 while it starts
                     log.warning("cannot LIST the objects to start from (%s); again in %.0f s", exc, delay)
-            except Exception as exc:  # the server unreachable, or answering 5xx/429 while it starts
-                log.warning("cannot LIST the objects to start from (%s); again in %.0f s", exc, delay)
             if self._stop.wait(delay):
                 return
             delay = min(delay * 2, PRIME_RETRY_MAX)

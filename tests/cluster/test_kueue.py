@@ -6,6 +6,7 @@ through Kueue (the Workload deactivated), never against it. kwok plays the kubel
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -46,13 +47,16 @@ def queue(cluster, kueue, ns) -> Iterator[str]:
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "gpus", "namespace": ns},
         "spec": {"clusterQueue": cq}})
     yield "gpus"
-    for path in (f"{KUEUE}/namespaces/{ns}/localqueues/gpus", f"{KUEUE}/clusterqueues/{cq}",
-                 f"{KUEUE}/resourceflavors/{cq}", f"{KUEUE}/workloadpriorityclasses/low-{ns}"[:200],
-                 f"{KUEUE}/workloadpriorityclasses/high-{ns}"[:200]):
-        try:
+    delete(cluster, f"{KUEUE}/namespaces/{ns}/localqueues/gpus", f"{KUEUE}/clusterqueues/{cq}",
+           f"{KUEUE}/resourceflavors/{cq}", f"{KUEUE}/workloadpriorityclasses/low-{ns}"[:200],
+           f"{KUEUE}/workloadpriorityclasses/high-{ns}"[:200])
+
+
+def delete(cluster, *paths: str) -> None:
+    """A fixture's objects, those still there (in order: a queue before what it refers to)."""
+    for path in paths:
+        with contextlib.suppress(RuntimeError):
             cluster.api("DELETE", path)
-        except RuntimeError:
-            pass
 
 
 def make(kube, ns: str, name: str, queue: str, priority: str = "", **spec) -> Job:
@@ -162,12 +166,8 @@ def tas_queue(cluster, kueue, ns, own_nodes) -> Iterator[str]:
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "tas", "namespace": ns},
         "spec": {"clusterQueue": name}})
     yield "tas"
-    for path in (f"{KUEUE}/namespaces/{ns}/localqueues/tas", f"{KUEUE}/clusterqueues/{name}",
-                 f"{KUEUE}/resourceflavors/{name}", f"{KUEUE}/topologies/{name}"):
-        try:
-            cluster.api("DELETE", path)
-        except RuntimeError:
-            pass
+    delete(cluster, f"{KUEUE}/namespaces/{ns}/localqueues/tas", f"{KUEUE}/clusterqueues/{name}",
+           f"{KUEUE}/resourceflavors/{name}", f"{KUEUE}/topologies/{name}")
 
 
 def test_kueue_topology_aware_scheduling_places_the_gang_in_one_domain_with_room(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from conftest import wait_until
 from rtj_operator import api
 from rtj_operator.kube import KubeError
 from rtj_operator.reconcile import Requeue
@@ -97,13 +98,6 @@ def drain_when(rt: Runtime, n: int, timeout: float = 5.0) -> list[tuple[str, str
     return keys
 
 
-def until(predicate: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return bool(predicate())
-
-
 def test_start_lists_every_kind_before_any_key_is_queued() -> None:
     """The synced guard: one LIST per kind fills the stores, and only then is any RTJ queued."""
     kube = FakeKube({api.KIND: [rtj("a"), rtj("b")], "Pod": [pod("a", 10)]})
@@ -145,7 +139,7 @@ def test_start_returns_while_the_api_server_is_unreachable_and_lists_once_it_ans
         assert not rt.stores.synced
         assert rt.wait_synced(5), kube.calls
         assert len(refusals) == 3
-        assert until(lambda: len(ran) == 2), ran
+        wait_until(lambda: len(ran) == 2, timeout=5, what=f"two passes (ran: {ran})")
         # Each pass ran on filled stores, the early key's too.
         assert sorted(ran) == [(("ns", "a"), True), (("ns", "early"), True)], ran
     finally:
