@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .localcluster import KWOK_LABEL, LocalCluster, cpu_node, kube_bin_dir, p5_node, serve_until_stopped
+from .localcluster import LocalCluster, kube_bin_dir, serve_until_stopped
+from .nodes import KWOK_LABEL, cpu_node, p5_node
 
 BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
 API_RELAY_PORT = 6443  # on BRIDGE_IP: the pods' KUBERNETES_SERVICE_HOST/PORT (the API certificate names it)

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Job, start_operator, wait_until
+from clusterkit import Job, start_operator
 from rtj_dev.localcluster import LocalCluster
 from rtj_operator import ladder
+from testkit import wait_until
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 BUDGET = {"maxRestarts": 50, "maxDisruptions": 50, "maxRestartsWithoutProgress": 50, "nodeLossGraceSeconds": 2,

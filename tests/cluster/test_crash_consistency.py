@@ -8,10 +8,11 @@ from __future__ import annotations
 import prometheus_client
 import pytest
 
-from conftest import Job, rtj_body, wait_until
+from clusterkit import Job
 from rtj_operator import api
 from rtj_operator.controller import run_pass
 from rtj_operator.kube import Kube, KubeError, configure
+from testkit import rtj_body, wait_until
 
 
 class Crash(Exception):

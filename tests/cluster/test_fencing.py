@@ -1,67 +1,20 @@
 """Issue 17.3: a pod stuck on a lost node is replaced only with evidence its node runs nothing any more.
-The EC2 check (fencing.py) against moto's AWS mock, then on the local control plane: a kwok node
-whose providerID names a moto instance is lost; its pod waits (WaitingForFencing) while the instance
-runs, and is failed and replaced once the instance is stopped."""
+On the local control plane: a kwok node whose providerID names a moto instance is lost; its pod waits
+(WaitingForFencing) while the instance runs, and is failed and replaced once the instance is stopped.
+The EC2 check alone: tests/unit/test_fencing.py."""
 
 from __future__ import annotations
 
 import os
 
-import boto3
-import pytest
-from moto import mock_aws
-
-from conftest import Job, fake_aws_credentials, start_operator, wait_until
-from rtj_dev.localcluster import p5_node
-from rtj_operator.fencing import Ec2Fencing, instance_id
-
-REGION = "us-west-2"
-
-
-@pytest.fixture
-def ec2(monkeypatch):
-    fake_aws_credentials(monkeypatch, REGION)
-    with mock_aws():
-        yield boto3.client("ec2", region_name=REGION)
-
-
-def instance(ec2) -> str:
-    image = ec2.describe_images()["Images"][0]["ImageId"]
-    return ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="p5.48xlarge")["Instances"][0][
-        "InstanceId"]
-
-
-def node_of(instance: str, name: str = "n") -> dict:
-    return {"metadata": {"name": name}, "spec": {"providerID": f"aws:///us-west-2a/{instance}"}}
-
-
-def test_instance_ids_come_from_the_provider_id():
-    assert instance_id(node_of("i-0123456789abcdef0")) == "i-0123456789abcdef0"
-    assert instance_id({"spec": {"providerID": "kwok://n"}}) == "" and instance_id({"spec": {}}) == ""
-
-
-def test_only_a_stopped_terminated_or_vanished_instance_is_evidence(ec2):
-    check = Ec2Fencing(ec2, cache_seconds=0)
-    running, stopped, gone = instance(ec2), instance(ec2), instance(ec2)
-    ec2.stop_instances(InstanceIds=[stopped])
-    ec2.terminate_instances(InstanceIds=[gone])
-    assert check(node_of(running)) == ""
-    assert check(node_of(stopped)) == f"its EC2 instance {stopped} is stopped"
-    assert check(node_of(gone)) == f"its EC2 instance {gone} is terminated"
-    assert check(node_of("i-0000000000000dead")) == "its EC2 instance i-0000000000000dead no longer exists"
-    assert check({"metadata": {"name": "kwok"}, "spec": {}}) == ""  # not an EC2 node: no evidence
-
-
-def test_answers_are_cached(ec2):
-    check = Ec2Fencing(ec2, cache_seconds=60)
-    running = instance(ec2)
-    assert check(node_of(running)) == ""
-    ec2.stop_instances(InstanceIds=[running])
-    assert check(node_of(running)) == ""  # within the cache period
+from clusterkit import Job, start_operator
+from rtj_dev.nodes import p5_node
+from rtj_operator.fencing import Ec2Fencing
+from testkit import ec2_instance, wait_until
 
 
 def test_a_lost_nodes_pod_is_replaced_once_its_instance_is_stopped(ec2, cluster, kube, ns, operator_token):
-    running = instance(ec2)
+    running = ec2_instance(ec2)
     name = f"p5-ec2-{os.urandom(3).hex()}"
     node = p5_node(name)
     node["metadata"]["labels"]["rtj.dev/test-node"] = name

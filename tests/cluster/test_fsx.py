@@ -9,10 +9,11 @@ import pytest
 from moto import mock_aws
 from moto.fsx import models as fsx_models
 
-from conftest import Job, fake_aws_credentials, rtj_body, start_operator, wait_until
-from rtj_dev.localcluster import p5_node
+from clusterkit import Job, start_operator
+from rtj_dev.nodes import p5_node
 from rtj_operator.fsx import ZONE_LABEL, FsxCheck
 from rtj_operator.spec import RTJ
+from testkit import fake_aws_credentials, rtj_body, wait_until
 
 REGION = "us-west-2"
 # The node-zone checks use an instance type of their own, so the local cluster's p5 nodes

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pod_examples import FULL_POD
 
-from conftest import ROOT
 from rtj_operator import api
 from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
 from rtj_operator.spec import RTJ, parse_quantity, schema_errors, semantic_errors
+from testkit import ROOT
 
 K8S_VERSIONS = ("1.33.0", "1.37.0")
 SETTINGS = settings(max_examples=800, deadline=None, database=None,
@@ -363,7 +363,7 @@ def server_side_errors(manifest: dict[str, Any]) -> list[str]:
 
 def test_server_side_rules_catch_what_the_issue_reported():
     """The transcribed rules reject the children of the specs in issue 9 item 2 (built without spec.py)."""
-    from conftest import rtj_body
+    from testkit import rtj_body
 
     def child_errors(name: str = "train", **spec: Any) -> list[str]:
         return [e for m in children_for_spec(rtj_body(name=name, **spec)) for e in server_side_errors(m)]

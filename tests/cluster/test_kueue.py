@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import Job, rtj_body, wait_until
+from clusterkit import Job
 from rtj_dev.kueue import LocalKueue
+from testkit import rtj_body, wait_until
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 # One gang of two p5 pods (the builder's requests: 20 CPUs and 200 GiB per GPU, 8 GPUs, 32 EFA).

@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from conftest import RELEASE, RELEASE_NS, Job, start_operator, wait_until
+from clusterkit import Job, start_operator
 from rtj_dev.operator_thread import OperatorThread
 from rtj_operator.kube import Kube, KubeError, configure
 from rtj_operator.leader import LeaderElector, Timing
+from testkit import RELEASE, RELEASE_NS, wait_until
 
 TIMING = Timing(lease=4, renew_deadline=2.5, retry=0.5)
 READS = ("get", "list")

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Job, wait_until
+from clusterkit import Job
 from rtj_operator import api
 from rtj_worker import exit_codes
+from testkit import wait_until
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 XID = {"type": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error",
        "message": "GPU 3 has fallen off the bus"}
-
-
-@pytest.fixture
-def rtj(kube, ns) -> Job:
-    return Job(kube, ns)
 
 
 def mark_unhealthy(kube, node: str, signal: str) -> None:

@@ -6,14 +6,10 @@ from __future__ import annotations
 import prometheus_client
 import pytest
 
-from conftest import Job, wait_until
+from clusterkit import Job
 from rtj_operator import api
 from rtj_operator.kube import KubeError
-
-
-@pytest.fixture
-def rtj(kube, ns) -> Job:
-    return Job(kube, ns)
+from testkit import wait_until
 
 
 def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, ns, operator):

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from conftest import Job, wait_until
+from clusterkit import Job
 from rtj_operator import api
 from rtj_worker import exit_codes
+from testkit import wait_until
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 FAST = {"nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3}
-
-
-@pytest.fixture
-def rtj(kube, ns) -> Job:
-    return Job(kube, ns)
 
 
 def exit_on_delete(rtj: Job, code: int = 1) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import yaml
 
-from conftest import Job, kubectl, rtj_body, wait_until
+from clusterkit import Job, kubectl
 from rtj_operator import api
+from testkit import rtj_body, wait_until
 
 POD = {
     "labels": {"team": "ml"},

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 
-from conftest import Job, rtj_body, wait_until
+from clusterkit import Job
 from rtj_operator import api
 from rtj_operator.controller import run_pass
 from rtj_operator.kube import Kube, configure
 from rtj_operator.reconcile import reconcile
 from rtj_operator.world import World
 from rtj_worker import exit_codes
+from testkit import rtj_body, wait_until
 
 WRITES = {"create", "patch", "patch/status", "delete", "create/eviction"}
 

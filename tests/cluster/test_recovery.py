@@ -11,11 +11,11 @@ import urllib.request
 import prometheus_client
 import pytest
 
-from conftest import Job, start_operator, wait_until
-from rtj_dev.localcluster import free_port
+from clusterkit import start_operator
 from rtj_operator import api, ladder
 from rtj_operator.kube import KubeError
 from rtj_worker import exit_codes
+from testkit import free_port, wait_until
 
 REGISTRY = prometheus_client.REGISTRY
 FAST = {"nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3}
@@ -23,11 +23,6 @@ FAST = {"nodeLossGraceSeconds": 2, "terminatingTimeoutSeconds": 3}
 
 def metric(metric_name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(metric_name, labels) or 0.0
-
-
-@pytest.fixture
-def rtj(kube, ns) -> Job:
-    return Job(kube, ns)
 
 
 def test_lost_node_replaces_only_its_pod_and_counts_a_disruption(rtj, kube, ns, operator, lost_nodes, cluster):

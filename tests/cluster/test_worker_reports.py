@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_until, worker_rbac
+from clusterkit import worker_rbac
 from rtj_worker.report import CONDITION, ApiSink
+from testkit import wait_until
 
 
 def worker_pod(cluster, ns: str, name: str) -> dict[str, Any]:

@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import ROOT, Job, kubectl, wait_until, worker_rbac
+from clusterkit import Job, kubectl, worker_rbac
 from rtj_dev.cpu_rtj import RESILIENCY, TOLERATIONS, cpu_rtj, shared_dir
 from rtj_dev.localcluster import LocalCluster
 from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes, resolve
 from rtj_operator.kube import Kube, configure
 from rtj_worker import events, exit_codes
 from rtj_worker.report import CONDITION
+from testkit import ROOT, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240),
               pytest.mark.skipif(os.geteuid() != 0, reason="node agents need root (netns, mounts)")]
@@ -191,7 +192,7 @@ def run(cluster: LocalCluster, kube: Kube, ns: str, agents: AgentNodes, operator
 @pytest.fixture(scope="module")
 def clean_result(cluster: LocalCluster, agents: AgentNodes, operator_token: str) -> dict[str, Any]:
     """The weights a fault-free run ends with (batches depend only on seed, step and rank)."""
-    from conftest import start_operator
+    from clusterkit import start_operator
 
     ns = f"e2e-clean-{os.urandom(2).hex()}"
     cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})

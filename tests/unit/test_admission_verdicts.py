@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from conftest import rtj_body
 from rtj_operator.actions import CREATE, Action, execute, rejected
 from rtj_operator.builders import build_job
 from rtj_operator.builders.job import template_pod
 from rtj_operator.kube import KubeError
 from rtj_operator.spec import RTJ
 from rtj_operator.world import dry_run_template
+from testkit import rtj_body
 
 
 @pytest.mark.parametrize("status, message, spec_fault", [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from conftest import rtj_body
 from rtj_operator import api
 from rtj_operator.builders import (
     build_coordinator,
@@ -16,6 +15,7 @@ from rtj_operator.builders import (
 from rtj_operator.builders.job import EFA, GPU, template_hash
 from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
+from testkit import rtj_body
 
 
 def rtj(**spec) -> RTJ:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime
 
-from conftest import rtj_body
-from rtj_dev.localcluster import p5_node
+from rtj_dev.nodes import p5_node
 from rtj_operator.builders import build_job
 from rtj_operator.capacity import fitting_nodes, tolerated
 from rtj_operator.spec import RTJ
+from testkit import rtj_body
 
 NOW = datetime.datetime.now(datetime.UTC)
 

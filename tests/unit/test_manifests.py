@@ -9,7 +9,6 @@ import pytest
 import yaml
 from pod_examples import FULL_POD
 
-from conftest import EXAMPLES, ROOT, load_yaml, rtj_body
 from rtj_operator import api, crd
 from rtj_operator.builders import build_job, build_pvc, build_service
 from rtj_operator.spec import (
@@ -20,6 +19,7 @@ from rtj_operator.spec import (
     semantic_errors,
     with_defaults,
 )
+from testkit import EXAMPLES, ROOT, load_yaml, rtj_body
 
 K8S_VERSION = "1.33.0"  # EKS's supported range; the schemas ship inside kubernetes-validate
 CRD_FILE = ROOT / "crds" / f"{api.GROUP}_{api.PLURAL}.yaml"

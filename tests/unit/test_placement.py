@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from test_reconcile_table import NOW, W, node, pod, reasons, ts, verbs
 
-from conftest import rtj_body
 from rtj_operator import api, health, ladder
 from rtj_operator.actions import EVICT, PATCH, UNGATE
 from rtj_operator.builders import build_job
@@ -21,6 +20,7 @@ from rtj_operator.builders.names import selector_labels
 from rtj_operator.reconcile import Config, reconcile
 from rtj_operator.spec import RTJ, semantic_errors
 from rtj_worker import exit_codes
+from testkit import rtj_body
 
 XID = {"type": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error",
        "message": "GPU has fallen off the bus"}

@@ -7,10 +7,10 @@ import copy
 import pytest
 from pod_examples import FULL_POD
 
-from conftest import rtj_body
 from rtj_operator import api
 from rtj_operator.builders import build_coordinator, build_job
 from rtj_operator.spec import RTJ, schema_errors, semantic_errors
+from testkit import rtj_body
 
 
 def rtj(**spec) -> RTJ:

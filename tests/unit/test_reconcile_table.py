@@ -12,7 +12,6 @@ from typing import Any
 import kopf
 import pytest
 
-from conftest import rtj_body
 from rtj_operator import api, ladder
 from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
 from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
@@ -20,6 +19,7 @@ from rtj_operator.builders.job import template_hash
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
+from testkit import rtj_body
 
 NOW = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
 

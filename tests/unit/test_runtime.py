@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_until
 from rtj_operator import api
 from rtj_operator.kube import KubeError
 from rtj_operator.reconcile import Requeue
 from rtj_operator.runtime import EVENT_SPACING, WAITING_MAX, Runtime
 from rtj_operator.stores import Stores
+from testkit import wait_until
 
 OURS = {api.LABEL_MANAGED_BY: api.MANAGER}
 

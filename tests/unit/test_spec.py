@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import rtj_body
 from rtj_operator.builders.job import build_job
 from rtj_operator.spec import (
     MAX_NAME_LENGTH,
@@ -17,6 +16,7 @@ from rtj_operator.spec import (
     semantic_errors,
     with_defaults,
 )
+from testkit import rtj_body
 
 
 def test_defaults_match_p5_and_nvrx_reference():

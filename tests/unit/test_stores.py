@@ -193,8 +193,8 @@ def test_a_deleted_pods_last_words_outlive_it_for_a_while() -> None:
 
 
 def test_a_pass_reads_the_last_words_of_its_current_jobs_pods_only() -> None:
-    from conftest import rtj_body
     from rtj_operator.world import World
+    from testkit import rtj_body
     stores = Stores()
     body = rtj_body()
     name, ns = body["metadata"]["name"], body["metadata"]["namespace"]

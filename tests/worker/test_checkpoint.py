@@ -19,10 +19,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rtj_dev.localcluster import free_port
 from rtj_worker import checkpoint, ckpt_index
 from rtj_worker.checkpoint import Checkpointer, agree_min, collective_device
 from rtj_worker.ckpt_index import MARKER, complete_steps, step_dir
+from testkit import free_port
 
 
 @pytest.fixture

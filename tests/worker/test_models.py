@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rtj_dev.localcluster import free_port
 from rtj_worker.models import Llama, LlamaConfig, apply_rope, next_token_loss, rope_tables
+from testkit import free_port
 
 TINY = LlamaConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
 

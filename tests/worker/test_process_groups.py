@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rtj_dev.localcluster import free_port
+from testkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from rtj_dev.localcluster import free_port
 from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
 from rtj_worker.launch import NO_PROGRESS_LINE, training_command
+from testkit import free_port
 
 STEPS = 60
 HEARTBEAT = 15  # seconds; above the ~10 s an in-process restart takes on CPU with gloo

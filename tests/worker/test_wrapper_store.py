@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 
-from rtj_dev.localcluster import free_port
 from rtj_worker.train import CoordinatorStore, NodeZeroStore
+from testkit import free_port
 
 NO_WAIT = datetime.timedelta(0)
 

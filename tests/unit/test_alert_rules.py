@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TOOLS
+from testkit import ROOT, TOOLS
 
 PROMTOOL = Path(os.environ.get("RTJ_PROMTOOL_BIN", Path.home() / ".cache" / "rtj-promtool" / "v0.316.0" / "bin")) \
     / "promtool"

@@ -1,6 +1,7 @@
 """The Helm chart with the real helm binary: lint, render, validate, least privilege, RBAC coverage, the
 values schema, leader election and its disruption budget, the `helm test` hook; and the chart's
-helm-unittest suites (charts/rtj-operator/tests), with helm-unittest built from its Go module."""
+helm-unittest suites (charts/rtj-operator/tests), with helm-unittest built from its Go module. No
+cluster: what the chart does on the API server is tests/cluster/test_chart_install.py's."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import ROOT, wait_until
-from rtj_dev.localcluster import free_port
 from rtj_operator import api
+from testkit import ROOT, free_port, wait_until
 
 CHART = ROOT / "charts" / "rtj-operator"
 HELM = ROOT / ".tools" / "bin" / "helm"
@@ -145,70 +145,6 @@ def _has_children(lines: list[str], i: int) -> bool:
         if nxt.strip() and not nxt.strip().startswith("#"):
             return len(nxt) - len(nxt.lstrip()) > indent
     return False
-
-
-def test_helm_install_and_kubectl_show_the_job(cluster, kube, ns, operator):
-    """The user's path: the chart installed the CRD (kubectl knows `rtj`), `kubectl apply` of an
-    example, `kubectl wait` for the Running condition, printer columns, `kubectl describe`."""
-    from conftest import kubectl
-
-    releases = helm("list", "-A", "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
-    assert '"name":"rtj-operator"' in releases.replace(" ", "")
-    manifest = yaml.safe_load((ROOT / "examples" / "rtj-local.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
-    kubectl(cluster, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
-    name = manifest["metadata"]["name"]
-    kubectl(cluster, "wait", "-n", ns, "--for=condition=Running", f"rtj/{name}", "--timeout=60s")
-    table = kubectl(cluster, "get", "rtj", "-n", ns).stdout
-    header, row = table.splitlines()[:2]
-    for column in ("PHASE", "READY", "DESIRED", "RESTARTS", "CKPT-STEP", "AGE"):
-        assert column in header, header
-    assert row.split()[:2] == [name, "Running"], table
-    described = kubectl(cluster, "describe", "rtj", "-n", ns, name).stdout
-    assert "AllNodesRunning" in described and "Events:" in described and "Created" in described
-
-
-def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, operator, lost_nodes):
-    """Every test's operator authenticates as the chart's ServiceAccount. Here a full scenario
-    (create, node loss with eviction and forced failure, invalid edit, suspend, delete) runs, then
-    the API server's audit log must show no request of that ServiceAccount denied (403)."""
-    from conftest import RELEASE, RELEASE_NS, Job
-
-    rtj = Job(kube, ns)
-    rtj.create(storage={"storageClassName": "fsx-sc", "retention": "Delete"},
-               restartBudget={"nodeLossGraceSeconds": 1, "terminatingTimeoutSeconds": 1})
-    rtj.wait_running()
-    node = rtj.running_pods()[0]["spec"]["nodeName"]
-    lost_nodes(node)
-    wait_until(lambda: rtj.status().get("disruptions") == 1, timeout=60, what="disruption")
-    # Fenced: the Node deleted (as the cloud node lifecycle controller does once the instance is gone); the
-    # operator forces the pod at once (PodGC would only after its 40 s quarantine).
-    kube.delete("Node", node, None)
-    wait_until(lambda: "ForceDeletedPod" in rtj.reasons(), timeout=60, what="forced failure")
-    cluster.add_nodes([node])
-    rtj.patch({"nodes": {"count": 3, "max": 2}})
-    wait_until(lambda: rtj.condition("InvalidSpec").get("status") == "True", what="InvalidSpec")
-    rtj.patch({"nodes": {"count": 2, "max": None}, "suspend": True})
-    rtj.wait_phase("Suspended", timeout=60)
-    kube.delete(api.KIND, "train", ns)
-    wait_until(lambda: kube.get(api.KIND, "train", ns) is None, what="RTJ deleted")
-
-    user = f"system:serviceaccount:{RELEASE_NS}:{RELEASE}"
-    entries = [e for e in cluster.audit_events() if e.get("user", {}).get("username") == user]
-    denied = sorted({(e["verb"], e.get("objectRef", {}).get("resource"), e.get("objectRef", {}).get("subresource"))
-                     for e in entries if e.get("responseStatus", {}).get("code") == 403})
-    assert not denied, f"requests the chart's RBAC denies: {denied}"
-    done = {(e["verb"], e.get("objectRef", {}).get("resource"), e.get("objectRef", {}).get("subresource"))
-            for e in entries if e.get("stage") == "ResponseComplete"}
-    # Issue 8.i: pods, Jobs, Services and PVCs reach the operator filtered by the API server.
-    reads = [e for e in entries if e["verb"] in ("list", "watch") and e.get("objectRef", {}).get("resource")
-             in ("pods", "jobs", "services", "persistentvolumeclaims")]
-    assert reads and all("labelSelector=" in e["requestURI"]
-                         for e in reads), sorted({e["requestURI"] for e in reads})
-    for call in [("create", "jobs", None), ("patch", "resilienttrainingjobs", "status"), ("create", "pods", "eviction"),
-                 ("patch", "pods", "status"), ("delete", "pods", None), ("create", "events", None),
-                 ("watch", "nodes", None), ("watch", "pods", None), ("create", "services", None)]:
-        assert call in done, (call, sorted(done))
 
 
 def test_worker_pods_may_patch_only_their_own_reports():

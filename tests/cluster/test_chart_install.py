@@ -1,0 +1,72 @@
+"""The chart on the API server: installed by the session's `helm install` (tests/clusterkit.py), the
+user's path with kubectl, and the operator (as the chart's ServiceAccount) needing no permission the
+chart does not grant, read from the API server's audit log. What needs no cluster (render, lint,
+schema, helm-unittest) is tests/unit/test_chart.py's."""
+
+from __future__ import annotations
+
+import yaml
+
+from clusterkit import Job, helm, kubectl
+from rtj_operator import api
+from testkit import RELEASE, RELEASE_NS, ROOT, wait_until
+
+
+def test_helm_install_and_kubectl_show_the_job(cluster, kube, ns, operator):
+    """The user's path: the chart installed the CRD (kubectl knows `rtj`), `kubectl apply` of an
+    example, `kubectl wait` for the Running condition, printer columns, `kubectl describe`."""
+    releases = helm(cluster, "list", "-A", "-o", "json")
+    assert '"name":"rtj-operator"' in releases.replace(" ", "")
+    manifest = yaml.safe_load((ROOT / "examples" / "rtj-local.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    kubectl(cluster, "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
+    name = manifest["metadata"]["name"]
+    kubectl(cluster, "wait", "-n", ns, "--for=condition=Running", f"rtj/{name}", "--timeout=60s")
+    table = kubectl(cluster, "get", "rtj", "-n", ns).stdout
+    header, row = table.splitlines()[:2]
+    for column in ("PHASE", "READY", "DESIRED", "RESTARTS", "CKPT-STEP", "AGE"):
+        assert column in header, header
+    assert row.split()[:2] == [name, "Running"], table
+    described = kubectl(cluster, "describe", "rtj", "-n", ns, name).stdout
+    assert "AllNodesRunning" in described and "Events:" in described and "Created" in described
+
+
+def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, operator, lost_nodes):
+    """Every test's operator authenticates as the chart's ServiceAccount. Here a full scenario
+    (create, node loss with eviction and forced failure, invalid edit, suspend, delete) runs, then
+    the API server's audit log must show no request of that ServiceAccount denied (403)."""
+    rtj = Job(kube, ns)
+    rtj.create(storage={"storageClassName": "fsx-sc", "retention": "Delete"},
+               restartBudget={"nodeLossGraceSeconds": 1, "terminatingTimeoutSeconds": 1})
+    rtj.wait_running()
+    node = rtj.running_pods()[0]["spec"]["nodeName"]
+    lost_nodes(node)
+    wait_until(lambda: rtj.status().get("disruptions") == 1, timeout=60, what="disruption")
+    # Fenced: the Node deleted (as the cloud node lifecycle controller does once the instance is gone); the
+    # operator forces the pod at once (PodGC would only after its 40 s quarantine).
+    kube.delete("Node", node, None)
+    wait_until(lambda: "ForceDeletedPod" in rtj.reasons(), timeout=60, what="forced failure")
+    cluster.add_nodes([node])
+    rtj.patch({"nodes": {"count": 3, "max": 2}})
+    wait_until(lambda: rtj.condition("InvalidSpec").get("status") == "True", what="InvalidSpec")
+    rtj.patch({"nodes": {"count": 2, "max": None}, "suspend": True})
+    rtj.wait_phase("Suspended", timeout=60)
+    kube.delete(api.KIND, "train", ns)
+    wait_until(lambda: kube.get(api.KIND, "train", ns) is None, what="RTJ deleted")
+
+    user = f"system:serviceaccount:{RELEASE_NS}:{RELEASE}"
+    entries = [e for e in cluster.audit_events() if e.get("user", {}).get("username") == user]
+    denied = sorted({(e["verb"], e.get("objectRef", {}).get("resource"), e.get("objectRef", {}).get("subresource"))
+                     for e in entries if e.get("responseStatus", {}).get("code") == 403})
+    assert not denied, f"requests the chart's RBAC denies: {denied}"
+    done = {(e["verb"], e.get("objectRef", {}).get("resource"), e.get("objectRef", {}).get("subresource"))
+            for e in entries if e.get("stage") == "ResponseComplete"}
+    # Issue 8.i: pods, Jobs, Services and PVCs reach the operator filtered by the API server.
+    reads = [e for e in entries if e["verb"] in ("list", "watch") and e.get("objectRef", {}).get("resource")
+             in ("pods", "jobs", "services", "persistentvolumeclaims")]
+    assert reads and all("labelSelector=" in e["requestURI"]
+                         for e in reads), sorted({e["requestURI"] for e in reads})
+    for call in [("create", "jobs", None), ("patch", "resilienttrainingjobs", "status"), ("create", "pods", "eviction"),
+                 ("patch", "pods", "status"), ("delete", "pods", None), ("create", "events", None),
+                 ("watch", "nodes", None), ("watch", "pods", None), ("create", "services", None)]:
+        assert call in done, (call, sorted(done))
