@@ -14,7 +14,7 @@ WITH_PROMTOOL = RTJ_PROMTOOL_BIN=$$(bash hack/promtool/build.sh) && export RTJ_P
 # reference benchmark and the worker tests' second pass).
 WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &&
 
-.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds chart-readme bench bench-operator bench-worker \
+.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds chart-readme docs-tables bench bench-operator bench-worker \
 	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint gpu-bundle gpu-check bench-reports
 
 demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
@@ -56,6 +56,9 @@ crds: setup ## Regenerate the CRD (and the chart's copy) from operator/rtj_opera
 
 chart-readme: setup ## Regenerate charts/rtj-operator/README.md from the `# --` comments of values.yaml
 	$(PY) hack/chart_readme.py
+
+docs-tables: setup tools ## Regenerate the exit-code table (docs/recovery.md) and the RBAC table (docs/security.md)
+	$(PY) hack/docs_tables.py
 
 # NVRx 0.6 beside the venv's 0.4.1, first on PYTHONPATH. Its wheels are tagged manylinux_2_39 (glibc
 # 2.39) but their Python parts run on older glibc (only the CUPTI straggler extension does not load),

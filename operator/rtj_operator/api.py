@@ -699,10 +699,12 @@ _CONDITION = _obj(
     required=["type", "status", "reason", "lastTransitionTime"],
 )
 
+# status.phase: the CRD's enum, and the phases metrics.py exports (rtj_jobs, rtj_job_phase).
+PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid")
+
 STATUS_SCHEMA: dict[str, Any] = _obj(
     {
-        "phase": _str(enum=["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
-                            "Invalid"]),
+        "phase": _str(enum=list(PHASES)),
         "observedGeneration": {"type": "integer"},
         "conditions": {"type": "array", "items": _CONDITION,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import ladder
+from . import api, ladder
 from .conditions import parse_time
 
 JOBS = Gauge("rtj_jobs", "ResilientTrainingJobs by phase.", ["phase"])
@@ -37,7 +37,7 @@ RECONCILE_ERRORS = Counter("rtj_reconcile_errors_total", "Reconcile passes that 
 LEADER = Gauge("rtj_leader", "1 while this replica holds the leader Lease and runs passes, else 0.")
 API_CALLS = Counter("rtj_api_calls_total", "Kubernetes API calls by verb and kind.", ["verb", "kind"])
 
-PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid")
+PHASES = api.PHASES  # every phase the CRD allows
 BUDGETS = (("maxRestarts", "jobRestarts"), ("maxDisruptions", "disruptions"),
            ("maxRestartsWithoutProgress", "restartsWithoutProgress"))
 LABELS = ["namespace", "name"]

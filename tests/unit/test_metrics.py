@@ -3,6 +3,7 @@ only, computed at scrape time, and gone with the RTJ."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -96,3 +97,37 @@ def test_every_phase_is_exported_before_any_job():
     text = generate_latest(REGISTRY).decode()
     assert all(f'rtj_jobs{{phase="{p}"}}' in text for p in metrics.PHASES)
 
+
+
+def test_every_phase_the_crd_allows_is_exported():
+    """metrics.PHASES is the CRD's status.phase enum, so no phase's series is missing or left stale."""
+    from rtj_operator import api
+
+    assert list(metrics.PHASES) == api.STATUS_SCHEMA["properties"]["phase"]["enum"]
+    text = generate_latest(REGISTRY).decode()
+    assert all(f'rtj_jobs{{phase="{p}"}}' in text for p in api.PHASES)
+
+
+def test_a_job_leaving_queued_is_no_longer_counted_there():
+    ns, name = "phase-test", "queued-then-running"
+    queued = REGISTRY.get_sample_value("rtj_jobs", {"phase": "Queued"})
+    running = REGISTRY.get_sample_value("rtj_jobs", {"phase": "Running"})
+    metrics.record_phase(ns, name, "Queued")
+    try:
+        assert REGISTRY.get_sample_value("rtj_jobs", {"phase": "Queued"}) == queued + 1
+        assert REGISTRY.get_sample_value("rtj_job_phase", {"namespace": ns, "name": name, "phase": "Queued"}) == 1.0
+        metrics.record_job(ns, name, {"phase": "Running"}, {})
+        assert REGISTRY.get_sample_value("rtj_jobs", {"phase": "Queued"}) == queued
+        assert REGISTRY.get_sample_value("rtj_jobs", {"phase": "Running"}) == running + 1
+        assert REGISTRY.get_sample_value("rtj_job_phase", {"namespace": ns, "name": name, "phase": "Queued"}) == 0.0
+    finally:
+        metrics.forget(ns, name)
+
+
+def test_the_user_guide_lists_the_crds_phases():
+    from conftest import ROOT
+    from rtj_operator import api
+
+    line = next(line for line in (ROOT / "docs" / "user-guide.md").read_text().splitlines()
+                if line.startswith("- `phase`:"))
+    assert re.findall(r"`(\w+)`", line)[1:] == list(api.PHASES)

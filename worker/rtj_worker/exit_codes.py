@@ -1,45 +1,46 @@
 """Exit codes of the worker entrypoint: the contract with the operator (rtj_operator.ladder).
 
-Kept free of heavy imports: the operator imports this module too. Who should be charged for each is
-noted with it (job: the job's restart budget; platform: disruptions; nobody: the cause is charged
-where it shows, e.g. a peer pod's own exit code).
+Kept free of heavy imports: the operator imports this module too. This module says what each code
+means; what the operator makes of it (who is charged, which tier recovers it) is ladder.py's, and the
+table in docs/recovery.md shows both (hack/docs_tables.py writes it from the two). Each code is an
+int constant with its meaning in the comment above it; NVRX_* are ft_launcher's, not the entrypoint's.
 """
 
 # Training finished for this job: the completion marker of this RTJ's uid names the newest committed
-# step (rtj_worker.ckpt_index.finished). Nobody.
+# step (rtj_worker.ckpt_index.finished).
 OK = 0
-# The job's configuration is wrong (bad flags, missing script): no restart can help. Job, FailJob.
+# The job's configuration is wrong (bad flags, missing script): no restart can help.
 CONFIG_ERROR = 64
-# The training script asked to stop for good (e.g. NaN loss guard, incompatible checkpoint). Job, FailJob.
+# The training script asked to stop for good (e.g. NaN loss guard, incompatible checkpoint).
 PERMANENT_FAILURE = 65
-# A rank failed and ft_launcher spent its restart budget inside this pod: a new pod may help. Job.
+# A rank failed and ft_launcher spent its restart budget inside this pod: a new pod may help.
 LAUNCHER_BUDGET_EXHAUSTED = 70
 # Peers never became reachable (DNS or c10d rendezvous timed out), or, after training ran, a later
-# rendezvous round timed out (the peers were lost and not replaced in time): only a new gang helps. Job,
-# once per gang attempt; nobody while a platform fault of the gang is being recovered.
+# rendezvous round timed out (the peers were lost and not replaced in time): only a new gang helps.
 RENDEZVOUS_FAILED = 71
 # Training ran, then the rendezvous store (hosted by node 0's launcher) went away: node 0 was lost or
-# its pod ended. Not this pod's fault; a new pod rejoins node 0's replacement. Nobody (node 0's loss).
+# its pod ended. Not this pod's fault; a new pod rejoins node 0's replacement.
 RENDEZVOUS_HOST_LOST = 72
 # NVRx found this node unhealthy (a failed GPU/NIC health check, or a rank asked to exclude the node)
-# and its launcher left so that a spare could take over: replace the pod, on another node if
-# possible. Platform.
+# and its launcher left so that a spare could take over: replace the pod, on another node if possible.
 NODE_UNHEALTHY = 73
 # ft_launcher exited 0 but training has not finished for this job: the launcher left because its
 # gang stopped (the rendezvous was closed by a peer that gave up, or this node was a standby when
-# the others stopped). Nobody (the peer that stopped the gang reports its own cause); like 72.
+# the others stopped). The peer that stopped the gang reports its own cause.
 GANG_STOPPED = 74
 # NVRx's progress tracker refused further restarts (no checkpoint progress over
 # --ft-max-no-progress-cycles restarts), or NVRx >= 0.7's launcher exited 93 ("do not restart"). A
-# new pod or gang may still progress (a bad node, a transient fault): charged to the job, not
-# FailJob; the job's budget bounds it.
+# new pod or gang may still progress (a bad node, a transient fault): not permanent.
 NO_PROGRESS = 75
 
 PERMANENT = frozenset({CONFIG_ERROR, PERMANENT_FAILURE})
-# Container runtimes report a signal death as 128 + signal; the entrypoint exits so too when it was
-# sent SIGTERM/SIGINT (the pod is being deleted), whatever ft_launcher returned. Nobody (a deletion).
+# Container runtimes report a signal death as 128 + signal: SIGKILL, the container was killed (by the
+# kubelet at the end of its grace period, or by the kernel's OOM killer).
 SIGKILL = 137
+# The entrypoint was sent SIGTERM (its pod is being deleted, or its node or runtime stops it) and
+# exits so, whatever ft_launcher returned.
 SIGTERM = 143
+# The entrypoint was sent SIGINT, and exits so, as for SIGTERM.
 SIGINT = 130
 
 # Exit codes of ft_launcher itself that the entrypoint reads (not its own).

@@ -47,41 +47,49 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 What the operator does in the namespaces it watches; every verb is one the operator uses
-(tests/cluster/test_chart.py checks these rules against the API calls of a full scenario).
+(tests/cluster/test_chart.py checks these rules against the API calls of a full scenario). Each rule's
+comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 */}}
 {{- define "rtj-operator.namespacedRules" -}}
+# The watch; patch only to remove the finalizer earlier versions put on RTJs.
 - apiGroups: ["training.rtj.dev"]
   resources: ["resilienttrainingjobs"]
   verbs: ["get", "list", "watch", "patch"]
+# One status write per pass.
 - apiGroups: ["training.rtj.dev"]
   resources: ["resilienttrainingjobs/status"]
   verbs: ["get", "patch"]
+# The gang, one Job per attempt (patch: suspend and resume; delete: a gang restart).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# create: the gang's coordinator pod (the rendezvous and the ranks' stores). patch: a new worker pod's
-# scheduling gate is removed (and the job's excluded nodes added to its node affinity) before it is placed.
+# The watch. create: the gang's coordinator pod (the rendezvous and the ranks' stores). patch: a new
+# worker pod's scheduling gate is removed (and the job's excluded nodes added to its node affinity)
+# before it is placed. delete: a pod on a fenced node (below), the coordinator when its gang stops.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# A pod on a node lost past the grace period is evicted (DisruptionTarget: the Job's pod failure policy
-# ignores it). One then stuck Terminating there is, once the node is fenced (Node deleted, out-of-service
-# taint, or its EC2 instance stopped with fencing.ec2), marked Failed with a DisruptionTarget condition
-# (pods/status, UID-guarded) before it is deleted, as PodGC does: a pod deleted while not terminal
-# counts as a failure of its index; one marked Failed as a disruption does not.
+# A pod on a node lost past the grace period is evicted (UID precondition; DisruptionTarget: the Job's
+# pod failure policy ignores it).
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
+# A pod then stuck Terminating on a lost node is, once the node is fenced (Node deleted, out-of-service
+# taint, or its EC2 instance stopped with fencing.ec2), marked Failed with a DisruptionTarget condition
+# (UID-guarded) before it is deleted, as PodGC does: a pod deleted while not terminal counts as a
+# failure of its index; one marked Failed as a disruption does not.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
-# Services and PVCs are watched (their own labels select them) so that passes read no object.
+# The gang's Service, a child of the RTJ: watched (its own labels select it) so that passes read no object.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The shared checkpoint volume (spec.storage with a StorageClass), a child of the RTJ, watched likewise.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "delete"]
+# What `kubectl describe rtj` shows.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
@@ -92,8 +100,8 @@ What the operator does in the namespaces it watches; every verb is one the opera
   verbs: ["get", "list", "patch"]
 {{- end }}
 
-{{/* Cluster-scoped reads: node health decides the recovery tier. */}}
 {{- define "rtj-operator.clusterRules" -}}
+# Cluster-scoped reads: node health decides the recovery tier.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get", "list", "watch"]
