@@ -12,9 +12,10 @@ from typing import Any
 
 from . import api, metrics
 from .actions import execute
+from .draft import Config, Event, Intent, Requeue
 from .kube import Kube
 from .leader import NotLeader
-from .reconcile import Config, Event, Intent, Requeue, reconcile, settle
+from .reconcile import reconcile, settle
 from .status import status_patch
 from .world import StorageCheck, World
 

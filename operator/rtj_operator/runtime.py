@@ -28,9 +28,10 @@ from typing import Any
 
 from . import api, capacity, ladder, metrics
 from .controller import carry_out
+from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
-from .reconcile import Config, Requeue, gated
+from .policies.pods import gated
 from .stores import Stores, ref, rtj_key
 from .workqueue import RELEASE, WorkQueue
 from .world import ZONE_LABEL, CloudFencing, StorageCheck, World
