@@ -77,8 +77,6 @@ class Draft:
         self.recheck: float | None = None
         self.busy = False  # something is in flight: look again soon
         self.act = False  # a decision was recorded that the next pass carries out
-        # A pod of the gang finds no node (WaitingForCapacity, not a standby's): the gang cannot form.
-        self.short_of_capacity = False
         budget = self.rtj.spec["restartBudget"]
         self.timing = ladder.Timing(
             node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 30)),

@@ -153,14 +153,18 @@ def observe(d: Draft, converge: bool) -> None:
         d.wait(max(0.5, plan.recheck))
     report_waits(d, plan)
     current = is_current(job, status.attempt)
+    short_of_capacity = False
     if converge and current:
-        wait_for_capacity(d, plan)
+        capacity = wait_for_capacity(d, plan)
+        short_of_capacity = capacity.short
+        if capacity.fails:
+            fail(d, *capacity.fails)
     # A Job being deleted (a gang restart, or by hand) takes its pods along: not failures to charge.
     if converge and current:
         # Act only on what an earlier pass already charged: the charge is in status first.
         act_on(d, [a for a in plan.actions if a.uid in seen])
-        charge(d, plan, seen)
-        judge_job(d)
+        charge(d, plan, seen, short_of_capacity)
+        judge_job(d, short_of_capacity)
         release_gated(d)
     elif converge and job is not None and job["metadata"].get("deletionTimestamp"):
         # The old gang is gone (Foreground) only once its pods are; a pod on a lost node never

@@ -41,7 +41,7 @@ def act_on(d: Draft, findings: list[ladder.Finding]) -> None:
                         if body else None))
 
 
-def charge(d: Draft, plan: ladder.Plan, seen: set[str]) -> None:
+def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool) -> None:
     """Count each new finding once against the right budget (ladder.attribute) and decide the tier."""
     status = d.status
     ledger = status.recovery
@@ -56,7 +56,7 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str]) -> None:
     suspended = bool(d.rtj.spec["suspend"] or job.get("spec", {}).get("suspend") or ledger.suspended_for_capacity)
     # A peer's exit is explained by a node of the gang that is lost or that its health agent reports bad.
     charges, fault = ladder.attribute(plan.findings, fault, {**plan.unhealthy, **plan.lost_nodes},
-                                      suspended=suspended, capacity=d.short_of_capacity,
+                                      suspended=suspended, capacity=short_of_capacity,
                                       stopped_by_suspend=ladder.stopped_by_suspend(d.world.pods, job))
     ledger.charged = fault
     gang: tuple[str, str] | None = None
@@ -134,7 +134,7 @@ def enforce_budgets(d: Draft) -> bool:
     return status.phase == "Failed"
 
 
-def judge_job(d: Draft) -> None:
+def judge_job(d: Draft, short_of_capacity: bool) -> None:
     """The Job's own verdict (FailureTarget comes first, Failed once every pod is gone), and the Job
     controller's replacement back-off, which a new attempt resets."""
     if d.status.phase == "Failed" or d.status.recovery.pending_gang_restart:
@@ -154,10 +154,10 @@ def judge_job(d: Draft) -> None:
         if not enforce_budgets(d):
             next_attempt(d, reason, message)
         return
-    replacement_backoff(d)
+    replacement_backoff(d, short_of_capacity)
 
 
-def replacement_backoff(d: Draft) -> None:
+def replacement_backoff(d: Draft, short_of_capacity: bool) -> None:
     """The Job controller's delay before it replaces a failed pod, read from the pods (per index); once
     the replacement would come later than half the rendezvous timeout, the survivors would give up on
     the rendezvous first: a new Job starts without back-off."""
@@ -183,7 +183,7 @@ def replacement_backoff(d: Draft) -> None:
     limit = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] / 2
     # Short of capacity, a new gang would wait for the same node: it would only restart the survivors
     # (and the capacity clock with them).
-    if left > limit and not d.short_of_capacity:
+    if left > limit and not short_of_capacity:
         next_attempt(d, "ReplacementBackoff", f"the Job controller would replace the pod only in {left:.0f}s, "
                                               "beyond half the rendezvous timeout")
 

@@ -5,14 +5,12 @@ suspend the gang to release its nodes, resume it, time it out)."""
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from .. import api, conditions, ladder
 from ..actions import UNGATE, Action
-from ..conditions import (
-    parse_time,
-    timestamp,
-)
+from ..conditions import parse_time, timestamp
 from ..draft import Draft
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
 from .pods import bound_since, coordinator_attempt, gated, on_node, running_ready
@@ -25,22 +23,30 @@ MAX_NODE_FAILURES = 64
 HOSTNAME_FIELD = "metadata.name"
 
 
-def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
+@dataclass(frozen=True)
+class CapacityWait:
+    """What wait_for_capacity learned: whether the gang is short of capacity (a pod of it, not a standby's,
+    finds no node: the gang cannot form), and (reason, message) if the job fails for it."""
+
+    short: bool = False
+    fails: tuple[str, str] | None = None
+
+
+def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     """A pod the scheduler finds no node for: say so (WaitingForCapacity, with the scheduler's message);
     after capacitySuspendSeconds suspend the gang so its healthy nodes are released, and resume it once
     enough fitting nodes show up; after capacityTimeoutSeconds in all, end Failed with the platform's
-    reason. Never charged to the job (ladder.attribute excuses the survivors' failed rendezvous)."""
-    from .charging import fail
-
+    reason (returned: the caller fails the job). Never charged to the job (ladder.attribute excuses the
+    survivors' failed rendezvous)."""
     ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
     if d.rtj.spec["suspend"]:
-        return
+        return CapacityWait()
     old = conditions.get_condition(d.old.get("conditions") or [], WAITING_FOR_CAPACITY) or {}
     since = parse_time(old.get("lastTransitionTime")) if (
         old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
     waited = (d.now - since).total_seconds() if since else 0.0
     fits = d.world.fitting_nodes or {}
-    whose = "the job's pods"
+    whose, short = "the job's pods", False
     if ledger.suspended_for_capacity:
         if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
             ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
@@ -49,7 +55,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
             d.act = True
             waiting(d, WAITING_FOR_CAPACITY, "Resuming", "enough fitting nodes showed up: the gang resumes")
         else:
-            d.short_of_capacity = True
+            short = True
             waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
                     f"{ledger.suspended_for_capacity} to release its nodes: {len(fits)} node(s) fit a pod of it, "
                     f"{d.rtj.nodes} needed; it resumes by itself once enough do")
@@ -58,7 +64,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
         # nothing to release by suspending (and resuming would wait for worker nodes, not for the
         # coordinator's). Not the job's fault; bounded by capacityTimeoutSeconds.
         holding = sum(1 for p in d.world.pods if on_node(p))
-        d.short_of_capacity, whose = True, "the job's coordinator"
+        short, whose = True, "the job's coordinator"
         waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
                 f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
                 + (f"({holding} of them on nodes)" if holding else "(gated: they hold no node)"))
@@ -79,10 +85,10 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
                 waiting(d, WAITING_FOR_CAPACITY, "StandbyUnschedulable",
                         f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile, "
                         f"with {len(training) - d.rtj.nodes} standby(s)")
-                return
+                return CapacityWait()
         else:
             what = old.get("message") or "a pod of the gang found no node"
-        d.short_of_capacity = True
+        short = True
         waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
         if waited >= budget["capacitySuspendSeconds"]:
             ledger.suspended_for_capacity, ledger.capacity_nodes = timestamp(d.now), sorted(fits.values())
@@ -98,11 +104,12 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> None:
             d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
     else:
         waiting(d, WAITING_FOR_CAPACITY, "", "")
-        return
+        return CapacityWait()
     limit = budget["capacityTimeoutSeconds"]
     if limit and waited >= limit:
-        fail(d, "InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
-                                        f"(restartBudget.capacityTimeoutSeconds={limit})")
+        return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
+                                                            f"(restartBudget.capacityTimeoutSeconds={limit})"))
+    return CapacityWait(short)
 
 
 def coordinator_unschedulable(d: Draft) -> str:
