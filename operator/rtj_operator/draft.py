@@ -85,9 +85,9 @@ class Draft:
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event(type_, reason, message))
 
-    def cond(self, type_: str, status: bool, reason: str, message: str = "") -> None:
+    def cond(self, type_: str, status: bool, reason: str, message: str = "", restart: bool = False) -> None:
         self.status.conditions = conditions.set_condition(self.status.conditions, type_, status, reason, message,
-                                                          self.rtj.generation, self.now)
+                                                          self.rtj.generation, self.now, restart)
 
     def was(self, type_: str, reason: str, message: str | None = None) -> bool:
         """Whether the last written status had this condition True with this reason (and message)."""

@@ -44,7 +44,7 @@ from .policies.children import (
 )
 from .policies.kueue import activate_workload, ensure_queue, queued
 from .policies.phase import TERMINAL, derive_phase, publish_progress, report_waits
-from .policies.placement import release_gated, wait_for_capacity
+from .policies.placement import awaiting_coordinator, expire_exclusions, release_gated, wait_for_capacity
 from .policies.pods import is_current
 from .spec import semantic_errors
 from .world import World, owned_by
@@ -165,7 +165,12 @@ def observe(d: Draft, converge: bool) -> None:
         act_on(d, [a for a in plan.actions if a.uid in seen])
         charge(d, plan, seen, short_of_capacity)
         judge_job(d, short_of_capacity)
-        release_gated(d)
+        waits, recheck = awaiting_coordinator(d)
+        if recheck is not None:
+            d.wait(recheck)
+        if not waits:
+            expire_exclusions(d)
+            release_gated(d)
     elif converge and job is not None and job["metadata"].get("deletionTimestamp"):
         # The old gang is gone (Foreground) only once its pods are; a pod on a lost node never
         # confirms its deletion: fail and delete it as PodGC would, or the next gang waits for ever.

@@ -181,10 +181,9 @@ def waiting(d: Draft, type_: str, reason: str, message: str) -> None:
         return
     if not (old and old.get("status") == "True" and old.get("reason") == reason):
         d.event("Warning", reason, message)
-    d.cond(type_, True, reason, message)
-    if old and old.get("status") == "True" and old.get("reason") in UNTIMED_WAITS and reason not in UNTIMED_WAITS:
-        # The condition stayed True, but the wait its clock bounds (wait_for_capacity) begins now: a
-        # standby that lacked a node for a day must not time the gang out at its first wait.
-        cond = conditions.get_condition(d.status.conditions, type_)
-        cond["lastTransitionTime"] = timestamp(d.now)
+    # The condition may stay True while the wait its clock bounds (wait_for_capacity) begins now: a
+    # standby that lacked a node for a day must not time the gang out at its first wait.
+    timed_now = bool(old and old.get("status") == "True" and old.get("reason") in UNTIMED_WAITS
+                     and reason not in UNTIMED_WAITS)
+    d.cond(type_, True, reason, message, restart=timed_now)
     d.busy = True

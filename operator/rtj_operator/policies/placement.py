@@ -154,11 +154,18 @@ def count_node_failure(d: Draft, node: str, reason: str) -> None:
         failures.pop(next(iter(failures)))
 
 
-def excluded(d: Draft) -> list[str]:
-    """The nodes excluded now; expired exclusions are dropped from status."""
-    d.status.excluded_nodes = [e for e in d.status.excluded_nodes
-                               if (parse_time(e.get("until")) or d.now) > d.now]
-    return sorted({e["node"] for e in d.status.excluded_nodes if e.get("node")})
+def expire_exclusions(d: Draft) -> None:
+    """Drop the exclusions that ended from status."""
+    d.status.excluded_nodes = [e for e in d.status.excluded_nodes if in_force(e, d.now)]
+
+
+def in_force(exclusion: dict[str, Any], now: datetime.datetime) -> bool:
+    return (parse_time(exclusion.get("until")) or now) > now
+
+
+def excluded(exclusions: list[dict[str, Any]], now: datetime.datetime) -> list[str]:
+    """The nodes excluded now."""
+    return sorted({e["node"] for e in exclusions if e.get("node") and in_force(e, now)})
 
 
 def exclusion_terms(pod_spec: dict[str, Any], nodes: list[str]) -> list[dict[str, Any]]:
@@ -176,10 +183,8 @@ def release_gated(d: Draft) -> None:
     """Hand the job's new pods (replacements, spares, a new gang) to the scheduler, each with the node
     exclusions in force now: the operator's scheduling gate removed (others' gates, e.g. Kueue's, kept),
     the excluded nodes added to its node affinity, in one patch guarded by the pod's uid and
-    resourceVersion."""
-    if awaiting_coordinator(d):
-        return
-    nodes = excluded(d)
+    resourceVersion. The caller holds them while they await the coordinator (awaiting_coordinator)."""
+    nodes = excluded(d.status.excluded_nodes, d.now)
     for pod in d.world.pods:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         gates = spec.get("schedulingGates") or []
@@ -194,8 +199,9 @@ def release_gated(d: Draft) -> None:
         d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
 
 
-def awaiting_coordinator(d: Draft) -> bool:
-    """Whether the gang's gated pods wait for the coordinator of their attempt to have an address.
+def awaiting_coordinator(d: Draft) -> tuple[bool, float | None]:
+    """Whether the gang's gated pods wait for the coordinator of their attempt to have an address, and
+    when to look again if that wait is bounded (the coordinator's own events wake the job sooner).
 
     A worker's first act is to resolve the coordinator's name, within rendezvousTimeoutSeconds, and a
     name that does not resolve in time fails the pod (71, charged). The Service publishes not-ready
@@ -205,19 +211,18 @@ def awaiting_coordinator(d: Draft) -> bool:
     and their own wait says what is wrong. A coordinator the scheduler finds no node for keeps them
     gated with no such bound: that wait is WaitingForCapacity's (wait_for_capacity), never the job's."""
     if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
-        return False
+        return False, None
     coordinator = d.world.coordinator
     if coordinator is not None and coordinator_attempt(coordinator) != d.status.attempt:
         coordinator = None  # an older gang's: it says nothing of this one
     if (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
             and (coordinator.get("status") or {}).get("podIP")):
-        return False
+        return False, None
     if coordinator_unschedulable(d):
-        return True  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
+        return True, None  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
     since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")),
                          parse_time(bound_since(coordinator))) if t is not None]
     left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
     if left <= 0:
-        return False
-    d.wait(max(0.5, left))  # the coordinator's own events wake the job sooner
-    return True
+        return False, None
+    return True, max(0.5, left)
