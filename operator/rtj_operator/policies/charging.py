@@ -66,9 +66,10 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
             continue
         seen.add(c.finding.uid)
         d.act = d.act or (bool(c.finding.action) and not suspended)
-        if c.finding.reason == ladder.UNHEALTHY:
+        rule = c.finding.consequence
+        if rule.excludes_node:
             exclude(d, c.finding.node, c.finding.message)
-        elif c.payer == ladder.JOB and c.finding.kind == ladder.JOB_FAILURE and c.finding.node:
+        elif rule.counts_node_failure and c.payer == ladder.JOB and c.finding.node:
             count_node_failure(d, c.finding.node, c.finding.reason)
         if c.why == ladder.EXCUSED:
             cause = c.cause or f"a consequence of the fault being recovered ({status.last_failure_reason})"
@@ -77,9 +78,7 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
             record_restart(d, c.tier or ladder.REPLACE_POD, c.finding.reason, c.message,
                            platform=c.payer == ladder.PLATFORM)
         if c.tier == ladder.GANG_RESTART and not gang:
-            gang = (c.finding.reason, "the coordinator is gone" if c.finding.kind in (
-                ladder.COORDINATOR_LOST, ladder.COORDINATOR_FAILED) else "a pod could not complete the rendezvous"
-                + (" (not charged: its launcher closed the rendezvous)" if c.payer == ladder.NOBODY else ""))
+            gang = (c.finding.reason, rule.gang_reason_excused if c.payer == ladder.NOBODY else rule.gang_reason)
     permanent = plan.permanent
     if permanent is not None and not suspended:
         fail(d, permanent.reason, permanent.message)
