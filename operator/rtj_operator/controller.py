@@ -38,7 +38,7 @@ def _carry_out(kube: Kube, world: World, config: Config | None,
     except Exception as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         raise
-    intent = settle(intent, results, world, now)
+    intent = settle(intent, results, world, now or datetime.datetime.now(datetime.UTC))
     new_status = intent.status.to_dict()
     patch = status_patch(body.get("status") or {}, new_status)
     written = None

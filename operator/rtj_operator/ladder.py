@@ -280,9 +280,9 @@ def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str,
     return reason, max(now - since, datetime.timedelta(0))
 
 
-def node_lost(node: dict[str, Any] | None, now: datetime.datetime | None = None) -> str:
+def node_lost(node: dict[str, Any] | None, now: datetime.datetime) -> str:
     """Why a node can no longer run our pod, or '' if it can."""
-    return node_loss(node, now or datetime.datetime.now(datetime.UTC))[0]
+    return node_loss(node, now)[0]
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

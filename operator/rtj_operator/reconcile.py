@@ -209,11 +209,10 @@ def managed_elsewhere(d: Draft, managed_by: str) -> None:
     d.cond(RUNNING, status.phase == "Running", "ManagedElsewhere", message)
 
 
-def settle(intent: Intent, results: list[Result], world: World, now: datetime.datetime | None = None) -> Intent:
+def settle(intent: Intent, results: list[Result], world: World, now: datetime.datetime) -> Intent:
     """Fold what the actions did into the intent, before its status is written: the events of effects
     done, a create the server rejected (InvalidSpec), a name held by an object we do not own
     (ChildConflict), the bookkeeping of a Job just created."""
-    now = now or datetime.datetime.now(datetime.UTC)
     d = Draft(world, now)
     d.status, d.events, d.metrics = intent.status, [], intent.metrics
     done: list[Event] = []

@@ -67,7 +67,7 @@ def failing(obj: dict[str, Any]) -> bool:
 
 def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
     """What the ladder reads of a node: lost (why), and fenced (evidence)."""
-    return ladder.node_lost(node), ladder.fencing(node)
+    return ladder.node_lost(node, datetime.datetime.now(datetime.UTC)), ladder.fencing(node)
 
 
 class StoreKube:
@@ -330,7 +330,8 @@ class Runtime:
     def _zone_health(self, zone: str) -> tuple[int, int]:
         """(nodes, NotReady or unreachable nodes) of a zone, from the node store."""
         nodes = [n for n in self.stores.nodes.all() if (n["metadata"].get("labels") or {}).get(ZONE_LABEL) == zone]
-        return len(nodes), sum(1 for n in nodes if ladder.node_lost(n))
+        now = datetime.datetime.now(datetime.UTC)
+        return len(nodes), sum(1 for n in nodes if ladder.node_lost(n, now))
 
     # --- workers ---------------------------------------------------------------------------------
     def _work(self) -> None:
