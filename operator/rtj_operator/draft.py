@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from . import conditions, health, ladder, metrics
 from .actions import Action
-from .spec import RTJ
 from .status import Status
 from .world import World
 
@@ -68,7 +67,7 @@ class Draft:
     def __init__(self, world: World, now: datetime.datetime, config: Config | None = None):
         self.world, self.now = world, now
         self.config = config or Config()
-        self.rtj = RTJ.from_body(world.rtj)
+        self.rtj = world.typed()
         self.old = world.rtj.get("status") or {}
         self.status = Status.from_dict(self.old)
         self.actions: list[Action] = []
