@@ -6,7 +6,7 @@ one pass per key (controller-runtime's shape). kopf's watch handlers (handlers.p
   node turned lost or came back), otherwise spaced (at most one pass a second per job). The echo of
   our own status write is older than or equal to what the write put in the store: it wakes no one.
 - Workers take a key (never one key on two workers), build the World from the stores, run the
-  pass (controller.carry_out) with writes going through the stores, and requeue as the pass asks: at
+  pass (passes.carry_out) with writes going through the stores, and requeue as the pass asks: at
   once and urgently when a decision waits to be carried out, else after its seconds, stretched
   while passes keep changing nothing, jittered so that jobs created together do not wake together.
 - Start-up: one LIST per kind fills the stores before any pass runs (the synced guard). Every
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import api, capacity, ladder, metrics
-from .controller import carry_out
 from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
+from .passes import carry_out
 from .policies.pods import gated
 from .stores import Stores, ref, rtj_key
 from .workqueue import RELEASE, WorkQueue
