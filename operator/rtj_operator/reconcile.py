@@ -14,6 +14,9 @@ each side effect is derived from status plus the world. A pass that charges a fa
 new gang attempt records it and acts in the next pass (Requeue.act); a pass that acts (evict, fail a
 pod, delete the old Job, create the new one) only carries out what status already says. So an
 operator that dies at any point counts each failure once and performs each action once.
+
+This module holds the order of the steps; each policy lives in policies/ (children, kueue, placement,
+charging, phase, and predicates on pods) and writes into the pass's Draft (draft.py).
 """
 
 from __future__ import annotations
@@ -23,13 +26,7 @@ import datetime
 from . import conditions, ladder, progress
 from .actions import CREATE, PATCH, Action, Result
 from .builders import job_name
-from .conditions import (
-    CREATED,
-    INVALID_SPEC,
-    RUNNING,
-    SUCCEEDED,
-    timestamp,
-)
+from .conditions import CREATED, INVALID_SPEC, RUNNING, SUCCEEDED, timestamp
 from .draft import IDLE_SECONDS, Config, Draft, Event, Intent, Requeue
 from .policies.charging import act_on, charge, fail, judge_job
 from .policies.children import (

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 from .. import ladder, metrics, progress
 from ..actions import EVICT, FAIL_POD, Action
-from ..conditions import (
-    FAILED,
-    RESTARTING,
-    parse_time,
-    timestamp,
-)
+from ..conditions import FAILED, RESTARTING, parse_time, timestamp
 from ..draft import Draft
 from ..status import Status
 from .children import next_attempt

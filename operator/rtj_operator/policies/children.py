@@ -11,10 +11,7 @@ from .. import api
 from ..actions import CREATE, DELETE, PATCH, Action
 from ..builders import build_coordinator, build_job, build_pvc, build_service, job_name, pvc_name, service_name
 from ..builders.job import PER_INDEX_LIMIT, template_hash
-from ..conditions import (
-    INVALID_SPEC,
-    timestamp,
-)
+from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
 from ..spec import RTJ
 from ..world import World, owned_by

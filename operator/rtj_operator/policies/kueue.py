@@ -8,10 +8,7 @@ from typing import Any
 from .. import api, conditions
 from ..actions import PATCH, Action
 from ..builders import job_name
-from ..conditions import (
-    ADMITTED,
-    QUEUED,
-)
+from ..conditions import ADMITTED, QUEUED
 from ..draft import Draft
 from ..world import owned_by
 
