@@ -200,5 +200,5 @@ def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
     desired = build_job(rtj, attempt)
     have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
     if have is None or have == template_hash(desired):
-        return None  # unchanged, or an earlier operator's Job, adopted as it is (reconcile.ensure_job)
+        return None  # unchanged, or an earlier operator's Job, adopted as it is (policies/children.ensure_job)
     return desired

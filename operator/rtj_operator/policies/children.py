@@ -24,7 +24,7 @@ SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
 
 def child_conflict(world: World, rtj: RTJ) -> str:
     """A message if an object holding a child's name is not ours (an unowned, unlabelled one shows up
-    only when a create meets it: see settle)."""
+    only when a create meets it: see reconcile.settle)."""
     for kind, obj in (("Service", world.service), ("Job", world.job)):
         if obj is not None and not owned_by(obj, rtj.uid):
             return (f"{kind} {rtj.namespace}/{obj['metadata']['name']} already exists and is not owned by this "
@@ -132,7 +132,7 @@ def ensure_job(d: Draft) -> None:
     is_suspended = bool(job["spec"].get("suspend"))
     # A queue owns Job.spec.suspend (Kueue admits, preempts, re-queues: ensure_queue). Without one, the
     # operator resumes only a Job it suspended itself: one suspended by someone else (a queue that adds
-    # its own label, a person) is waited for, never fought over (observe reports it).
+    # its own label, a person) is waited for, never fought over (reconcile.observe reports it).
     if queued(d):
         ledger.suspended_job = False
     elif is_suspended != suspend and (suspend or ledger.suspended_job):
@@ -170,7 +170,7 @@ def next_attempt(d: Draft, reason: str, message: str) -> None:
 def ensure_coordinator(d: Draft) -> None:
     """The coordinator lives with its gang attempt: created before the Job (whose pods wait for its DNS
     name), deleted with the gang (a new attempt), while the gang is suspended, and once the job is over.
-    Its loss is charged in observe (ladder.coordinator_finding) as a new gang."""
+    Its loss is charged in reconcile.observe (ladder.coordinator_finding) as a new gang."""
     rtj, status, have = d.rtj, d.status, d.world.coordinator
     job = d.world.job
     suspended = bool(rtj.spec["suspend"] or status.recovery.suspended_for_capacity

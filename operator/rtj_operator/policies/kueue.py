@@ -30,7 +30,7 @@ def ensure_queue(d: Draft) -> None:
     every pod, and evicts it (preemption, a deactivated Workload) by suspending the Job. The operator
     never un-suspends such a Job; spec.suspend deactivates the Workload (Kueue's own stop), and what
     Kueue does is reported (Queued, Admitted, status.queue) and never charged (the suspended Job's pod
-    exits are excused in charge())."""
+    exits are excused in charging.charge())."""
     job, wl, rtj = d.world.job, d.world.workload, d.rtj
     if not queued(d) or job is None or not owned_by(job, rtj.uid):
         if d.status.queue is not None or conditions.get_condition(d.status.conditions, QUEUED):
