@@ -14,8 +14,8 @@ from typing import Any
 import kopf
 
 from rtj_operator import handlers
+from rtj_operator.draft import Config
 from rtj_operator.kube import Kube, configure
-from rtj_operator.reconcile import Config
 from rtj_operator.runtime import Runtime
 
 

@@ -10,8 +10,8 @@ import kopf
 import prometheus_client
 
 from . import handlers, health, kube, leader
+from .draft import Config
 from .metrics import API_CALLS
-from .reconcile import Config
 from .runtime import Runtime
 from .spec import allowed_service_accounts_from_env
 

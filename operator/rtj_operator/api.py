@@ -26,7 +26,7 @@ MANAGER = "rtj-operator"
 # Hash of the pod template a Job was built from (builders.job.template_hash).
 ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
 # What operators before template-hash wrote (a hash of the whole Job spec): such a Job is adopted as it
-# is, its template-hash annotation added (reconcile.ensure_job).
+# is, its template-hash annotation added (policies/children.ensure_job).
 ANNOTATION_LEGACY_SPEC_HASH = f"{GROUP}/spec-hash"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 # On the Job: how many of its pods train (the rest are spares).

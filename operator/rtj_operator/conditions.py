@@ -29,11 +29,12 @@ def parse_time(value: str | None) -> datetime.datetime | None:
 
 
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str,
-                  generation: int, now: datetime.datetime) -> list[dict[str, Any]]:
-    """Return conditions with `type_` set; lastTransitionTime is kept unless the status changes."""
+                  generation: int, now: datetime.datetime, restart: bool = False) -> list[dict[str, Any]]:
+    """Return conditions with `type_` set; lastTransitionTime is kept unless the status changes (or
+    `restart`: what the condition times begins now)."""
     value = "True" if status else "False"
     old = next((c for c in conditions if c.get("type") == type_), None)
-    transition = old["lastTransitionTime"] if old and old.get("status") == value else timestamp(now)
+    transition = old["lastTransitionTime"] if old and old.get("status") == value and not restart else timestamp(now)
     new = {"type": type_, "status": value, "reason": reason, "message": message,
            "lastTransitionTime": transition, "observedGeneration": generation}
     if old is None:

@@ -15,9 +15,11 @@ The operator acts only when a pod or its node is gone:
   attempt.
 - Failed: a permanent failure, a spent budget, or restarts that make no checkpoint progress.
 
-Reading order: FINDINGS (what each kind of finding means), the tables that map what the API shows to
-a finding (EXIT_CODES, PLATFORM_POD_REASONS, waiting reasons), JOB_VERDICTS, BUDGETS; then the
-functions: classify (one pod), plan (a gang), attribute (one fault, one charge), over_budget.
+Reading order: FINDINGS (what each kind of finding means), CONSEQUENCES (what charging it does
+besides the restart: exclude its node, count a failure against the node, why a gang restarts), the
+tables that map what the API shows to a finding (EXIT_CODES, PLATFORM_POD_REASONS, waiting reasons),
+JOB_VERDICTS, BUDGETS; then the functions: classify (one pod), plan (a gang), attribute (one fault, one
+charge), over_budget.
 """
 
 from __future__ import annotations
@@ -87,6 +89,33 @@ FINDINGS: dict[str, Meaning] = {
     COORDINATOR_LOST: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
     COORDINATOR_FAILED: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
 }
+
+
+@dataclass(frozen=True)
+class Consequence:
+    """What charging a finding does besides the restart its Meaning needs (policies/charging.charge)."""
+
+    excludes_node: bool = False  # its node is kept out of the placement (restartBudget.nodeExclusionSeconds)
+    counts_node_failure: bool = False  # charged to the job: the second such failure on a node excludes it
+    # Why its GangRestart recreates the gang, when charged and when not (EXCUSED).
+    gang_reason: str = "a pod could not complete the rendezvous"
+    gang_reason_excused: str = ("a pod could not complete the rendezvous (not charged: its launcher closed the "
+                                "rendezvous)")
+
+
+COORDINATOR_GONE = Consequence(gang_reason="the coordinator is gone", gang_reason_excused="the coordinator is gone")
+# By finding kind; a kind not listed has none but the restart.
+CONSEQUENCES: dict[str, Consequence] = {
+    JOB_FAILURE: Consequence(counts_node_failure=True),
+    COORDINATOR_LOST: COORDINATOR_GONE,
+    COORDINATOR_FAILED: COORDINATOR_GONE,
+}
+# By finding reason, in place of its kind's: a node its health agent reports bad is excluded.
+REASON_CONSEQUENCES: dict[str, Consequence] = {
+    UNHEALTHY: Consequence(excludes_node=True),
+}
+NO_CONSEQUENCE = Consequence()
+
 # A pass charges platform findings first and peer findings last: a peer's failure may be explained
 # by a lost node (or the coordinator) seen in the same pass.
 CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, JOB_FAILURE: 1, RENDEZVOUS: 1,
@@ -191,6 +220,10 @@ class Finding:
     def meaning(self) -> Meaning:
         return FINDINGS[self.kind]
 
+    @property
+    def consequence(self) -> Consequence:
+        return REASON_CONSEQUENCES.get(self.reason) or CONSEQUENCES.get(self.kind, NO_CONSEQUENCE)
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -247,9 +280,9 @@ def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str,
     return reason, max(now - since, datetime.timedelta(0))
 
 
-def node_lost(node: dict[str, Any] | None, now: datetime.datetime | None = None) -> str:
+def node_lost(node: dict[str, Any] | None, now: datetime.datetime) -> str:
     """Why a node can no longer run our pod, or '' if it can."""
-    return node_loss(node, now or datetime.datetime.now(datetime.UTC))[0]
+    return node_loss(node, now)[0]
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

@@ -34,6 +34,8 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 RECONCILE_ERRORS = Counter("rtj_reconcile_errors_total", "Reconcile passes that raised.", ["error"])
+PASSES = Counter("rtj_reconcile_passes_total", "The runtime's passes by outcome: ok, gone, deleting, not_leader, "
+                 "conflict, api_error, error, crashed (runtime.OUTCOMES).", ["outcome"])
 LEADER = Gauge("rtj_leader", "1 while this replica holds the leader Lease and runs passes, else 0.")
 API_CALLS = Counter("rtj_api_calls_total", "Kubernetes API calls by verb and kind.", ["verb", "kind"])
 

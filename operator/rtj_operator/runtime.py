@@ -6,9 +6,12 @@ one pass per key (controller-runtime's shape). kopf's watch handlers (handlers.p
   node turned lost or came back), otherwise spaced (at most one pass a second per job). The echo of
   our own status write is older than or equal to what the write put in the store: it wakes no one.
 - Workers take a key (never one key on two workers), build the World from the stores, run the
-  pass (controller.carry_out) with writes going through the stores, and requeue as the pass asks: at
+  pass (passes.carry_out) with writes going through the stores, and requeue as the pass asks: at
   once and urgently when a decision waits to be carried out, else after its seconds, stretched
   while passes keep changing nothing, jittered so that jobs created together do not wake together.
+  How a pass ended is classified once (`_pass`: an Outcome) and acted on in one switch (`_handle`:
+  requeue, retry with back-off, hand over to the next leader, forget), which counts every pass by
+  outcome (rtj_reconcile_passes_total).
 - Start-up: one LIST per kind fills the stores before any pass runs (the synced guard). Every
   RESYNC_SECONDS the LISTs run again and correct what a watch may have missed.
 - With a LeaderElector (leader.py), every replica keeps its stores and queue, but workers take keys
@@ -24,18 +27,39 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import api, capacity, ladder, metrics
-from .controller import carry_out
+from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
-from .reconcile import Config, Requeue, gated
+from .passes import carry_out
+from .policies.pods import gated
 from .stores import Stores, ref, rtj_key
 from .workqueue import RELEASE, WorkQueue
 from .world import ZONE_LABEL, CloudFencing, StorageCheck, World
 
 log = logging.getLogger(__name__)
+
+# How a pass ended (Runtime._pass), each counted in rtj_reconcile_passes_total{outcome}.
+OK = "ok"  # requeued as the pass asks
+GONE = "gone"  # the RTJ is deleted: forgotten
+DELETING = "deleting"  # the RTJ is being deleted: nothing to converge
+NOT_LEADER = "not_leader"  # the Lease was lost mid-pass: queued for the next leader
+CONFLICT = "conflict"  # a write met a newer object (409): the RTJ read afresh, retried
+API_ERROR = "api_error"  # the API server refused or failed a call: retried with back-off
+ERROR = "error"  # any other failure of the pass: retried with back-off
+CRASHED = "crashed"  # the worker caught what the pass let through (a bug): retried, kept in Runtime.error
+OUTCOMES = (OK, GONE, DELETING, NOT_LEADER, CONFLICT, API_ERROR, ERROR, CRASHED)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # one of OUTCOMES
+    requeue: Requeue = field(default_factory=Requeue)  # OK: when to look again
+    changed: bool = False  # OK: the pass wrote status or acted
+    error: BaseException | None = None
 
 Key = tuple[str, str]
 WORKERS = int(os.environ.get("RTJ_WORKERS", "16"))
@@ -66,7 +90,7 @@ def failing(obj: dict[str, Any]) -> bool:
 
 def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
     """What the ladder reads of a node: lost (why), and fenced (evidence)."""
-    return ladder.node_lost(node), ladder.fencing(node)
+    return ladder.node_lost(node, datetime.datetime.now(datetime.UTC)), ladder.fencing(node)
 
 
 class StoreKube:
@@ -329,7 +353,8 @@ class Runtime:
     def _zone_health(self, zone: str) -> tuple[int, int]:
         """(nodes, NotReady or unreachable nodes) of a zone, from the node store."""
         nodes = [n for n in self.stores.nodes.all() if (n["metadata"].get("labels") or {}).get(ZONE_LABEL) == zone]
-        return len(nodes), sum(1 for n in nodes if ladder.node_lost(n))
+        now = datetime.datetime.now(datetime.UTC)
+        return len(nodes), sum(1 for n in nodes if ladder.node_lost(n, now))
 
     # --- workers ---------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -349,42 +374,60 @@ class Runtime:
             try:
                 self.run(key)
             except BaseException as exc:  # a bug in a pass must not kill the worker
-                log.exception("pass for %s/%s crashed", *key)
-                self.error = exc
-                self.queue.retry(key)
+                self._handle(key, Outcome(CRASHED, error=exc))
             finally:
                 self.queue.done(key)
 
     def run(self, key: Key) -> None:
         """One pass for `key`, and its requeue."""
+        self._handle(key, self._pass(key))
+
+    def _pass(self, key: Key) -> Outcome:
+        """Run the pass and say how it ended; nothing else is decided here."""
         body = self.stores.rtjs.get(*key)
         if body is None:
-            self._forget(key)
-            return
+            return Outcome(GONE)
         if body["metadata"].get("deletionTimestamp"):
-            return  # children go with it (owner references); nothing to converge
+            return Outcome(DELETING)
         try:
             world = World.from_stores(self.stores, body, self._node).probe(
                 self.writer, self.storage_check, self.cloud_fencing, self._zone_health, self._fitting)
             intent, written = carry_out(self.writer, world, self.config)
-        except NotLeader:
+        except NotLeader as exc:
+            return Outcome(NOT_LEADER, error=exc)
+        except KubeError as exc:
+            return Outcome(CONFLICT if exc.status == 409 else API_ERROR, error=exc)
+        except Exception as exc:
+            return Outcome(ERROR, error=exc)
+        return Outcome(OK, intent.requeue, changed=bool(written or intent.actions))
+
+    def _handle(self, key: Key, outcome: Outcome) -> None:
+        """The one switch on a pass's outcome (controller-runtime's reconcileHandler): count it, then
+        requeue, retry or forget the key."""
+        metrics.PASSES.labels(outcome.kind).inc()
+        exc = outcome.error
+        if outcome.kind == OK:
+            self.queue.forget(key)
+            self._requeue(key, outcome.requeue, outcome.changed)
+        elif outcome.kind == GONE:
+            self._forget(key)
+        elif outcome.kind == DELETING:
+            pass  # children go with it (owner references); nothing to converge
+        elif outcome.kind == NOT_LEADER:
             log.info("pass for %s/%s stopped: the leader Lease was lost", *key)
             self.queue.add(key)  # the next leader runs it (queued everything on taking over anyway)
-            return
-        except KubeError as exc:
-            if exc.status == 409:
-                self.writer.get(api.KIND, key[1], key[0])  # a stale copy: read it afresh
-            else:
-                log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
-                return
+        elif outcome.kind == CONFLICT:
+            self.writer.get(api.KIND, key[1], key[0])  # a stale copy: read it afresh
             self.queue.retry(key)
-            return
-        except Exception as exc:
+        elif outcome.kind == API_ERROR:
+            log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
+        elif outcome.kind == ERROR:
             delay = self.queue.retry(key)
             log.warning("pass for %s/%s failed (%s), retrying in %.1fs: %s", *key, type(exc).__name__, delay, exc)
-            return
-        self.queue.forget(key)
-        self._requeue(key, intent.requeue, changed=bool(written or intent.actions))
+        else:  # CRASHED
+            log.error("pass for %s/%s crashed", *key, exc_info=exc)
+            self.error = exc
+            self.queue.retry(key)
 
     def _requeue(self, key: Key, requeue: Requeue, changed: bool) -> None:
         if requeue.act:

@@ -141,7 +141,7 @@ class Status:
     last_checkpoint_time: str | None = None
     restart_started_time: str | None = None  # set while recovering
     last_recovery_seconds: float | None = None
-    # Nodes kept out of the job's placement until a time: [{node, reason, until}] (reconcile.exclude).
+    # Nodes kept out of the job's placement until a time: [{node, reason, until}] (policies/placement.exclude).
     excluded_nodes: list[dict[str, str]] = field(default_factory=list)
     # Kueue: {name, workload, admitted, clusterQueue} while the gang is submitted to a queue.
     queue: dict[str, Any] | None = None

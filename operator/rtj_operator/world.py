@@ -64,13 +64,20 @@ class World:
     # Pods of the current Job deleted moments ago, as last seen (stores.py `departed`): only their
     # termination reports are read (the final checkpoint step of a gang stopped by a suspend).
     departed: list[dict[str, Any]] = field(default_factory=list)
+    # `rtj` parsed (spec defaulted) once, by assemble: probe, reconcile and settle share it.
+    parsed: RTJ | None = field(default=None, compare=False, repr=False)
+
+    def typed(self) -> RTJ:
+        """The RTJ, parsed: assemble's parse (a World built by hand, e.g. in a test, is parsed here)."""
+        return self.parsed if self.parsed is not None else RTJ.from_body(self.rtj)
 
     @classmethod
     def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, job: dict[str, Any] | None,
                  pvc: dict[str, Any] | None, pods: list[dict[str, Any]],
                  node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None,
-                 departed: Iterable[dict[str, Any]] = ()) -> World:
-        rtj = RTJ.from_body(rtj_body)
+                 departed: Iterable[dict[str, Any]] = (), rtj: RTJ | None = None) -> World:
+        """`rtj`: rtj_body parsed, if the caller has it."""
+        rtj = rtj or RTJ.from_body(rtj_body)
         job_uid = (job or {}).get("metadata", {}).get("uid")
         mine = [p for p in pods if job_uid and owned_by(p, job_uid)]
         if coordinator is not None and not owned_by(coordinator, rtj.uid):
@@ -81,7 +88,7 @@ class World:
             pvc = None  # an existing claim is the user's: not read, not checked
         return cls(clone(rtj_body), clone(service), clone(job), clone(pvc),
                    clone(mine), {n: clone(node(n)) for n in names}, clone(coordinator),
-                   departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)])
+                   departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
 
     @classmethod
     def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],
@@ -91,7 +98,8 @@ class World:
         pods = [p for p in stores.pods.indexed("rtj", (ns, rtj.name))]
         return cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
                             stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
-                            stores.pods.get(ns, coordinator_name(rtj)), stores.pods.departed("rtj", (ns, rtj.name)))
+                            stores.pods.get(ns, coordinator_name(rtj)), stores.pods.departed("rtj", (ns, rtj.name)),
+                            rtj)
 
     def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
               cloud_fencing: CloudFencing | None = None,
@@ -101,7 +109,7 @@ class World:
         whether the server takes a Job whose pod template changed (a rejected edit must not take the
         running gang down); for lost nodes, a cloud check of fencing and the health of their zones.
         Each only when its answer can change what the pass does."""
-        rtj = RTJ.from_body(self.rtj)
+        rtj = self.typed()
         now = datetime.datetime.now(datetime.UTC)
         lost = {name: node for name, node in self.nodes.items() if node is not None and ladder.node_lost(node, now)}
         if cloud_fencing is not None:
@@ -134,7 +142,7 @@ class World:
         job = kube.get("Job", job_name(rtj), ns)
         pods = kube.list("Pod", ns, selector_labels(rtj)) if job is not None else []
         return cls.assemble(rtj_body, kube.get("Service", service_name(rtj), ns), job, pvc, pods,
-                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns))
+                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns), rtj=rtj)
 
 
 def dry_run_template(kube: Kube, job: dict[str, Any]) -> tuple[bool, str]:
@@ -192,5 +200,5 @@ def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
     desired = build_job(rtj, attempt)
     have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
     if have is None or have == template_hash(desired):
-        return None  # unchanged, or an earlier operator's Job, adopted as it is (reconcile.ensure_job)
+        return None  # unchanged, or an earlier operator's Job, adopted as it is (policies/children.ensure_job)
     return desired

@@ -10,8 +10,8 @@ import pytest
 
 from clusterkit import Job
 from rtj_operator import api
-from rtj_operator.controller import run_pass
 from rtj_operator.kube import Kube, KubeError, configure
+from rtj_operator.passes import run_pass
 from testkit import rtj_body, wait_until
 
 

@@ -6,8 +6,8 @@ import datetime
 
 from clusterkit import Job
 from rtj_operator import api
-from rtj_operator.controller import run_pass
 from rtj_operator.kube import Kube, configure
+from rtj_operator.passes import run_pass
 from rtj_operator.reconcile import reconcile
 from rtj_operator.world import World
 from rtj_worker import exit_codes

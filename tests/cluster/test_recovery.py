@@ -74,9 +74,11 @@ def test_a_flapping_node_replaces_nothing(rtj, kube, ns, operator, lost_nodes, c
     node = pods[0]["spec"]["nodeName"]
     for _ in range(3):
         lost_nodes(node)
-        wait_until(lambda: ladder.node_lost(kube.get("Node", node)), timeout=30, what="node NotReady")
+        wait_until(lambda: ladder.node_lost(kube.get("Node", node), datetime.datetime.now(datetime.UTC)), timeout=30,
+                   what="node NotReady")
         cluster.restore_node(node)
-        wait_until(lambda: not ladder.node_lost(kube.get("Node", node)), timeout=30, what="node Ready")
+        wait_until(lambda: not ladder.node_lost(kube.get("Node", node), datetime.datetime.now(datetime.UTC)),
+                   timeout=30, what="node Ready")
     # The node-lifecycle controller marked the pod not ready during each blip; its kubelet says Ready again.
     st = rtj.wait_running(nodes=2)
     assert st["disruptions"] == 0 and st["restarts"] == 0

@@ -333,7 +333,7 @@ def test_a_refused_eviction_is_reported():
     again = w.run()
     assert again.actions == intent.actions  # retried, ...
     assert "EvictionRefused" not in [e.reason for e in settle(again, [Result(again.actions[0], ok=False,
-                                                                             refused="refused")], w.world).events]
+                                                                             refused="refused")], w.world, NOW).events]
 
 
 def test_reconcile_does_not_touch_its_world():

@@ -232,3 +232,27 @@ def test_passes_that_change_nothing_stretch_a_waiting_requeue_and_a_change_reset
     assert delay(Requeue(seconds=2.0), changed=False) == 2.0
     runtime._requeue(key, Requeue(act=True), changed=False)  # a decision to carry out: at once, urgently
     assert runtime.queue.pending(key) == "urgent"
+
+
+def test_every_pass_is_counted_by_outcome_a_failed_probe_included(runtime: Runtime, monkeypatch) -> None:
+    from prometheus_client import REGISTRY
+
+    from rtj_operator.world import World
+
+    def count(outcome: str) -> float:
+        return REGISTRY.get_sample_value("rtj_reconcile_passes_total", {"outcome": outcome}) or 0.0
+
+    def refused(status: int) -> Any:
+        def probe(self: World, *args: Any, **kwargs: Any) -> World:
+            raise KubeError(status, "refused")
+        return probe
+
+    before = {o: count(o) for o in ("gone", "api_error", "conflict")}
+    runtime.run(("ns", "gone"))
+    monkeypatch.setattr(World, "from_stores", classmethod(lambda cls, stores, body, node=None: cls(body)))
+    monkeypatch.setattr(World, "probe", refused(500))
+    runtime.run(("ns", "a"))
+    monkeypatch.setattr(World, "probe", refused(409))
+    runtime.run(("ns", "b"))
+    assert {o: count(o) - n for o, n in before.items()} == {"gone": 1, "api_error": 1, "conflict": 1}
+    assert runtime.queue.retry(("ns", "a")) > runtime.queue.retry(("ns", "c"))  # a's failure began its back-off

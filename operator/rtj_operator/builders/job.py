@@ -208,7 +208,7 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
         "nodeSelector": node_selector,
         "tolerations": _tolerations(rtj),
         "affinity": _affinity(rtj, attempt),
-        # Scheduled only once the operator applied the job's node exclusions (reconcile.release_gated).
+        # Scheduled only once the operator applied the job's node exclusions (policies/placement.release_gated).
         "schedulingGates": [{"name": api.SCHEDULING_GATE}],
         "containers": [container],
         "volumes": [

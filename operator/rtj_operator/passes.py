@@ -12,9 +12,10 @@ from typing import Any
 
 from . import api, metrics
 from .actions import execute
+from .draft import Config, Event, Intent, Requeue
 from .kube import Kube
 from .leader import NotLeader
-from .reconcile import Config, Event, Intent, Requeue, reconcile, settle
+from .reconcile import reconcile, settle
 from .status import status_patch
 from .world import StorageCheck, World
 
@@ -37,7 +38,7 @@ def _carry_out(kube: Kube, world: World, config: Config | None,
     except Exception as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         raise
-    intent = settle(intent, results, world, now)
+    intent = settle(intent, results, world, now or datetime.datetime.now(datetime.UTC))
     new_status = intent.status.to_dict()
     patch = status_patch(body.get("status") or {}, new_status)
     written = None

@@ -1,0 +1,200 @@
+"""The RTJ's children: the Service, the PVC, the Job (one per gang attempt) and the coordinator pod.
+Created, patched and deleted to converge on what status says (status.attempt: the gang that runs now)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from .. import api
+from ..actions import CREATE, DELETE, PATCH, Action
+from ..builders import build_coordinator, build_job, build_pvc, build_service, job_name, pvc_name, service_name
+from ..builders.job import PER_INDEX_LIMIT, template_hash
+from ..conditions import INVALID_SPEC, timestamp
+from ..draft import Draft
+from ..spec import RTJ
+from ..world import World, owned_by
+from .kueue import queued
+from .pods import coordinator_attempt, is_current, job_attempt
+
+# Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
+SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
+
+
+def child_conflict(world: World, rtj: RTJ) -> str:
+    """A message if an object holding a child's name is not ours (an unowned, unlabelled one shows up
+    only when a create meets it: see reconcile.settle)."""
+    for kind, obj in (("Service", world.service), ("Job", world.job)):
+        if obj is not None and not owned_by(obj, rtj.uid):
+            return (f"{kind} {rtj.namespace}/{obj['metadata']['name']} already exists and is not owned by this "
+                    f"ResilientTrainingJob: rename the job or remove that {kind}")
+    if world.pvc is not None and not (owned_by(world.pvc, rtj.uid) or retained_by_us(world.pvc, rtj)):
+        return (f"PersistentVolumeClaim {rtj.namespace}/{pvc_name(rtj)} already exists and was not made for this "
+                "job: rename the job, remove the claim, or name it in spec.storage.existingClaim to use it on purpose")
+    return ""
+
+
+def retained_by_us(pvc: dict[str, Any], rtj: RTJ) -> bool:
+    """A claim kept (retention: Retain) from an earlier RTJ of this name: reused on purpose, so a
+    re-created job resumes from its checkpoints. It has no owner, and our labels."""
+    labels = pvc["metadata"].get("labels") or {}
+    return (not pvc["metadata"].get("ownerReferences") and labels.get(api.LABEL_MANAGED_BY) == api.MANAGER
+            and labels.get(api.LABEL_NAME) == rtj.name)
+
+
+def _create(d: Draft, obj: dict[str, Any], adopt: bool = True, retained: dict[str, str] | None = None) -> None:
+    if adopt:
+        kopf.adopt(obj, owner=d.rtj.owner)
+    meta = obj["metadata"]
+    d.do(Action(CREATE, obj["kind"], meta["name"], meta["namespace"], obj, gates=True, owner_uid=d.rtj.uid,
+                retained_labels=retained or {},
+                event=("Normal", "Created", f"Created {obj['kind']} {meta['name']}")))
+
+
+def ensure_service(d: Draft) -> None:
+    desired, have = build_service(d.rtj), d.world.service
+    if have is None:
+        _create(d, desired)
+        return
+    drift = {k: v for k, v in desired["spec"].items() if k in SERVICE_FIELDS and have["spec"].get(k) != v}
+    if drift:
+        d.do(Action(PATCH, "Service", service_name(d.rtj), d.rtj.namespace, {"spec": drift}, gates=True,
+                    event=("Normal", "Updated", f"Updated Service {service_name(d.rtj)}: {', '.join(sorted(drift))}")))
+
+
+def ensure_pvc(d: Draft) -> None:
+    desired = build_pvc(d.rtj)
+    if desired is None or d.world.pvc is not None:
+        return
+    # Retain: no owner reference, so deleting the job keeps the checkpoints.
+    retain = d.rtj.spec["storage"]["retention"] != "Delete"
+    _create(d, desired, adopt=not retain,
+            retained={api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_NAME: d.rtj.name} if retain else None)
+
+
+def template_rejected(d: Draft) -> bool:
+    """The pod template changed and the server rejects the new Job (the dry run in World.probe):
+    the running gang keeps running."""
+    verdict = d.world.template
+    if verdict is None or verdict[0]:
+        return False
+    rejected(d, "Job", verdict[1])
+    return True
+
+
+def rejected(d: Draft, kind: str, message: str) -> None:
+    text = f"the API server rejects the {kind} this spec produces: {message}"
+    if not d.was(INVALID_SPEC, "ChildRejected", text):
+        d.event("Warning", "InvalidSpec", text)
+    d.cond(INVALID_SPEC, True, "ChildRejected", text)
+
+
+def ensure_job(d: Draft) -> None:
+    """Converge the Job to status.attempt: the gang that should run now."""
+    rtj, job, status = d.rtj, d.world.job, d.status
+    ledger = status.recovery
+    if job is not None and job["metadata"].get("deletionTimestamp"):
+        d.busy = True  # the old gang is still going away (Foreground: its pods first)
+        return
+    if job is not None and job_attempt(job) < status.attempt:
+        # Status already says which gang runs next (written before this delete, see the module doc).
+        why = ledger.pending_gang_restart or "restart"
+        d.do(Action(DELETE, "Job", job_name(rtj), rtj.namespace, propagation="Foreground",
+                    uid=job["metadata"].get("uid", ""),
+                    event=("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) "
+                                                      f"for attempt {status.attempt}: {why}")))
+        return
+    desired = build_job(rtj, status.attempt)
+    if job is None:
+        coordinator = d.world.coordinator
+        if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp")
+                                        or coordinator_attempt(coordinator) < status.attempt):
+            d.busy = True  # the old gang's coordinator still answers its name: the new pods would find it
+            return
+        # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
+        ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
+        _create(d, desired)
+        return
+    annotations = job["metadata"].get("annotations") or {}
+    have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
+    if have is not None and have != want:
+        # The pod template changed (and the dry run passed): the user's decision, a new gang, no budget
+        # charged.
+        next_attempt(d, "SpecChanged", f"the pod template changed (generation {rtj.generation})")
+        return
+    ledger.pending_gang_restart = ""
+    patch: dict[str, Any] = {}
+    # Suspended by the user, or (recorded in status first) to release its nodes while a pod of it finds none.
+    for_capacity = bool(ledger.suspended_for_capacity) and not rtj.spec["suspend"]
+    suspend = bool(rtj.spec["suspend"]) or for_capacity
+    event = None
+    is_suspended = bool(job["spec"].get("suspend"))
+    # A queue owns Job.spec.suspend (Kueue admits, preempts, re-queues: ensure_queue). Without one, the
+    # operator resumes only a Job it suspended itself: one suspended by someone else (a queue that adds
+    # its own label, a person) is waited for, never fought over (reconcile.observe reports it).
+    if queued(d):
+        ledger.suspended_job = False
+    elif is_suspended != suspend and (suspend or ledger.suspended_job):
+        patch["spec"] = {"suspend": suspend}
+        ledger.suspended_job = suspend
+        why = " to release its nodes: a pod of it finds no node (WaitingForCapacity)" if for_capacity else ""
+        event = ("Normal", "Suspended" if suspend else "Resumed",
+                 f"Job {job_name(rtj)} {'suspended' if suspend else 'resumed'}{why}")
+    elif is_suspended == suspend:
+        # Suspended as the operator wants it (whoever did it, a crash between the patch and the status write
+        # included): the operator's to resume.
+        ledger.suspended_job = suspend
+    if have is None:
+        # A Job an earlier operator made (a hash of its whole spec): adopted as it runs, so an upgrade
+        # restarts no gang; from now on its template is compared. Its Job-wide backoffLimit (the old
+        # backstop, maxRestarts + 1) would fail it for failures the operator excuses: lifted.
+        patch["metadata"] = {"annotations": {api.ANNOTATION_TEMPLATE_HASH: want}}
+        if job["spec"].get("backoffLimitPerIndex") is None:
+            patch.setdefault("spec", {})["backoffLimit"] = PER_INDEX_LIMIT
+    if patch:
+        d.do(Action(PATCH, "Job", job_name(rtj), rtj.namespace, patch, event=event))
+
+
+def next_attempt(d: Draft, reason: str, message: str) -> None:
+    """Record that the gang restarts as the next attempt; the next pass replaces the Job."""
+    status = d.status
+    status.attempt += 1
+    status.recovery.pending_gang_restart = reason
+    status.recovery.gang_restart_time = timestamp(d.now)
+    d.event("Warning" if reason != "SpecChanged" else "Normal", "RecreatingGang",
+            f"Recreating all {d.rtj.nodes} pods as attempt {status.attempt}: {message}")
+    d.act = True
+
+
+def ensure_coordinator(d: Draft) -> None:
+    """The coordinator lives with its gang attempt: created before the Job (whose pods wait for its DNS
+    name), deleted with the gang (a new attempt), while the gang is suspended, and once the job is over.
+    Its loss is charged in reconcile.observe (ladder.coordinator_finding) as a new gang."""
+    rtj, status, have = d.rtj, d.status, d.world.coordinator
+    job = d.world.job
+    suspended = bool(rtj.spec["suspend"] or status.recovery.suspended_for_capacity
+                     or (job is not None and (job.get("spec") or {}).get("suspend")))
+    if have is not None:
+        if not have["metadata"].get("deletionTimestamp") and (
+                coordinator_attempt(have) < status.attempt or suspended or not rtj.spec["coordinator"]["enabled"]):
+            stop_coordinator(d)
+        d.busy = d.busy or bool(have["metadata"].get("deletionTimestamp"))
+        return
+    desired = build_coordinator(rtj, status.attempt)
+    # With the gang of this attempt only: a Job still going away is the old gang's. With a queue the Job
+    # is made suspended, so its coordinator waits for Kueue's admission too.
+    this_gang = is_current(job, status.attempt)
+    if desired is not None and not suspended and (this_gang or (job is None and not rtj.queue_name)):
+        _create(d, desired)
+
+
+def stop_coordinator(d: Draft) -> None:
+    """Delete the coordinator on purpose: settled in status first (seen, never charged), so a pass that
+    reads it gone after the Job resumed (Kueue admits again within seconds) does not call it lost."""
+    have = d.world.coordinator
+    if have is not None and not have["metadata"].get("deletionTimestamp"):
+        uid = have["metadata"].get("uid", "")
+        ledger = d.status.recovery
+        ledger.seen_pods = sorted({*ledger.seen_pods, uid} - {""})
+        d.do(Action(DELETE, "Pod", have["metadata"]["name"], d.rtj.namespace, uid=uid))

@@ -1,0 +1,189 @@
+"""The RTJ's phase and conditions, derived from what runs; live progress; the wait conditions
+(WaitingForFencing, WaitingForPodTermination, WaitingForCapacity)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from .. import conditions, ladder, metrics, progress
+from ..builders import job_name, pvc_name, service_name
+from ..conditions import (
+    CREATED,
+    FAILED,
+    QUEUED,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    parse_time,
+    timestamp,
+)
+from ..draft import Draft
+from .kueue import queued
+from .pods import is_current, job_nodes, running_ready
+
+TERMINAL = ("Succeeded", "Failed")
+
+# Conditions of waits on the platform (report_waits).
+WAITING_FOR_FENCING = "WaitingForFencing"
+WAITING_FOR_POD_TERMINATION = "WaitingForPodTermination"
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
+
+# Wait reasons that bound nothing (the job trains meanwhile): their time is not the gang's wait.
+UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
+
+
+def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
+    status, rtj, job, ledger = d.status, d.rtj, d.world.job, d.status.recovery
+    ready = running_ready(pods)
+    status.nodes_ready = len(ready)
+    # What runs is what counts: after an invalid edit, the Job still has its old shape. Its training nodes
+    # (the rest of its pods are hot spares: the job runs without them).
+    desired = job_nodes(job, rtj)
+    status.nodes_desired = desired
+    status.standbys = max(0, len(ready) - desired)
+    job_conds = ((job or {}).get("status") or {}).get("conditions") or []
+    complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
+                   for c in job_conds)
+    d.cond(CREATED, job is not None or bool(status.start_time), "ChildrenCreated",
+           f"Service {service_name(rtj)}, Job {job_name(rtj)} and PVC {pvc_name(rtj)}")
+    d.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",
+           "spec.suspend is true" if rtj.spec["suspend"] else "")
+
+    if status.phase == "Failed":
+        d.cond(RUNNING, False, status.last_failure_reason or "Failed", "the job failed")
+        d.cond(SUCCEEDED, False, "Failed", "")
+        return
+    d.cond(FAILED, False, "NotFailed", "")
+    current = is_current(job, status.attempt)
+    if complete and current:
+        status.phase = "Succeeded"
+        status.completion_time = status.completion_time or timestamp(d.now)
+        d.cond(SUCCEEDED, True, "JobComplete", f"all {desired} nodes completed")
+        d.cond(RUNNING, False, "Completed", "")
+        d.cond(RESTARTING, False, "Completed", "")
+        status.restart_started_time = None
+        if d.old.get("phase") != "Succeeded":
+            step = status.last_checkpoint_step
+            d.event("Normal", "Succeeded", f"Training finished at checkpoint step "
+                                           f"{step if step is not None else 'unknown'}")
+        return
+    d.cond(SUCCEEDED, False, "NotCompleted", "")
+
+    gang_pending = bool(ledger.pending_gang_restart) or not current
+    if gang_pending and status.start_time:
+        status.restart_started_time = status.restart_started_time or timestamp(d.now)
+    restarting_since = parse_time(status.restart_started_time)
+    all_running = current and len(ready) >= desired
+    if restarting_since and all_running and not gang_pending:
+        seconds = round((d.now - restarting_since).total_seconds(), 3)
+        status.last_recovery_seconds = seconds
+        restarting = conditions.get_condition(status.conditions, RESTARTING) or {}
+        tier = restarting.get("reason") if restarting.get("reason") in ladder.TIERS else ladder.REPLACE_POD
+        progress.note_recovery(status, {"tier": tier, "reason": status.last_failure_reason,
+                                        "message": status.last_failure_message, "seconds": seconds,
+                                        "time": status.restart_started_time})
+        status.restart_started_time = None
+        # Recovered as far as pods go; the fault stays the cause of what follows until the replacement's
+        # launcher could have joined the rendezvous (it gives up after rendezvousTimeoutSeconds): a rendezvous
+        # that fails meanwhile is its consequence. Later failures are new faults.
+        ledger.fault_settles_at = timestamp(d.now + datetime.timedelta(
+            seconds=rtj.spec["resiliency"]["rendezvousTimeoutSeconds"])) if ledger.charged else ""
+        restarting_since = None
+        d.metrics.append(lambda t=tier, s=seconds: metrics.RECOVERY_SECONDS.labels(t).observe(s))
+        d.event("Normal", "Recovered", f"All {desired} nodes running again after {seconds}s")
+    held = bool((job or {}).get("spec", {}).get("suspend")) and current and not ledger.suspended_for_capacity
+    if rtj.spec["suspend"]:
+        status.phase = "Suspended"
+        d.cond(RUNNING, False, "Suspended", "spec.suspend is true")
+    elif held and queued(d):
+        status.phase = "Queued"
+        d.cond(RUNNING, False, "Queued", (conditions.get_condition(status.conditions, QUEUED) or {}).get(
+            "message") or "waiting in its queue")
+    elif held and not ledger.suspended_job:
+        status.phase = "Queued"
+        d.cond(RUNNING, False, "SuspendedExternally", f"Job {job_name(rtj)} was suspended by someone other than "
+               "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")
+    elif restarting_since:
+        status.phase = "Restarting"
+        d.busy = True
+        reason = ledger.pending_gang_restart or "Restarting"
+        d.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready ({reason})")
+    elif all_running:
+        status.phase = "Running"
+        d.cond(RUNNING, True, "AllNodesRunning", f"{len(ready)}/{desired} nodes ready")
+    else:
+        status.phase = "Pending"
+        d.busy = True
+        d.cond(RUNNING, False, "WaitingForPods", f"{len(ready)}/{desired} nodes ready")
+    if not restarting_since:
+        d.cond(RESTARTING, False, "Stable", "")
+    elif gang_pending and not conditions.is_true(status.conditions, RESTARTING):
+        d.cond(RESTARTING, True, ladder.GANG_RESTART, ledger.pending_gang_restart or "")
+    if status.phase != d.old.get("phase") and status.phase == "Running":
+        d.event("Normal", "Running", f"All {desired} nodes running")
+
+
+def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Folded) -> None:
+    """Live progress, goodput and the in-job recoveries' events, once the phase is known."""
+    status = d.status
+    progress.rolled_back(status, found)
+    ended = status.phase in TERMINAL and d.old.get("phase") != status.phase
+    due = progress.update_progress(status, found, d.now, folded.changed, force=ended)
+    progress.update_goodput(status, found, d.now)
+    last = status.last_recovery or {}
+    if folded.new.get(last.get("tier", "")) and last.get("seconds") is not None:
+        tier, seconds = last["tier"], float(last["seconds"])
+        d.metrics.append(lambda t=tier, s=seconds: metrics.RECOVERY_SECONDS.labels(t).observe(s))
+    events, event_due = progress.in_job_events(status, found, d.now)
+    for reason, message in events:
+        d.event("Warning", reason, message)
+    for wait in (due, event_due):  # not `seconds`: the metrics above run after the pass
+        if wait is not None:
+            d.wait(max(0.5, wait))
+
+
+FENCING_HOW = ("its index is replaced once the node is fenced: deleted (as the cloud node lifecycle controller "
+               "does once its instance is gone), tainted node.kubernetes.io/out-of-service, or (with --check-ec2) "
+               "its EC2 instance stopped or terminated")
+
+
+def report_waits(d: Draft, plan: ladder.Plan) -> None:
+    """Waits on the platform that outlast their timeout, each a condition (and an event when it begins)."""
+    if plan.brake:
+        waiting(d, WAITING_FOR_FENCING, "MassNodeLoss", f"{plan.brake}: likely a partition or a control-plane "
+                "problem, not node failures; nothing is evicted or charged for those nodes until they come back or "
+                "are fenced")
+    elif plan.unfenced:
+        pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(plan.unfenced.items()))
+        waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of its "
+                f"index is started; {FENCING_HOW}")
+    else:
+        waiting(d, WAITING_FOR_FENCING, "", "")
+    if plan.stuck:
+        pods = "; ".join(f"pod {pod} on node {node}" for pod, (node, _) in sorted(plan.stuck.items()))
+        waiting(d, WAITING_FOR_POD_TERMINATION, "PodStuckTerminating", f"{pods}: terminating past its grace period "
+                "and terminatingTimeoutSeconds on a node that is not lost; its container does not stop (a process in "
+                "uninterruptible sleep?). Its index waits until it ends; no other pod of the gang lands on that node; "
+                "nothing is forced unless the node is fenced (deleted or tainted node.kubernetes.io/out-of-service)")
+    else:
+        waiting(d, WAITING_FOR_POD_TERMINATION, "", "")
+
+
+def waiting(d: Draft, type_: str, reason: str, message: str) -> None:
+    """A wait condition: True with `reason` (an event when it begins or its reason changes), or, with no
+    reason, False if it was there (RTJs that never waited carry none)."""
+    old = conditions.get_condition(d.old.get("conditions") or [], type_)
+    if not reason:
+        if old is not None and old.get("status") == "True":
+            d.cond(type_, False, "Resolved", "")
+        return
+    if not (old and old.get("status") == "True" and old.get("reason") == reason):
+        d.event("Warning", reason, message)
+    # The condition may stay True while the wait its clock bounds (wait_for_capacity) begins now: a
+    # standby that lacked a node for a day must not time the gang out at its first wait.
+    timed_now = bool(old and old.get("status") == "True" and old.get("reason") in UNTIMED_WAITS
+                     and reason not in UNTIMED_WAITS)
+    d.cond(type_, True, reason, message, restart=timed_now)
+    d.busy = True

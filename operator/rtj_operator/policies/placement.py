@@ -1,0 +1,228 @@
+"""Placement and capacity: where the gang's pods may go (node exclusions, the operator's scheduling
+gate, the coordinator's address first) and what happens while a pod finds no node (WaitingForCapacity:
+suspend the gang to release its nodes, resume it, time it out)."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from .. import api, conditions, ladder
+from ..actions import UNGATE, Action
+from ..conditions import parse_time, timestamp
+from ..draft import Draft
+from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
+from .pods import bound_since, coordinator_attempt, gated, on_node, running_ready
+
+# Node exclusions (restartBudget.nodeExclusionSeconds): at most this many at once (the oldest go first),
+# and a node is excluded once this many failures charged to the job happened on it.
+MAX_EXCLUDED = 16
+REPEATED_FAILURES = 2
+MAX_NODE_FAILURES = 64
+HOSTNAME_FIELD = "metadata.name"
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """What wait_for_capacity learned: whether the gang is short of capacity (a pod of it, not a standby's,
+    finds no node: the gang cannot form), and (reason, message) if the job fails for it."""
+
+    short: bool = False
+    fails: tuple[str, str] | None = None
+
+
+def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
+    """A pod the scheduler finds no node for: say so (WaitingForCapacity, with the scheduler's message);
+    after capacitySuspendSeconds suspend the gang so its healthy nodes are released, and resume it once
+    enough fitting nodes show up; after capacityTimeoutSeconds in all, end Failed with the platform's
+    reason (returned: the caller fails the job). Never charged to the job (ladder.attribute excuses the
+    survivors' failed rendezvous)."""
+    ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
+    if d.rtj.spec["suspend"]:
+        return CapacityWait()
+    old = conditions.get_condition(d.old.get("conditions") or [], WAITING_FOR_CAPACITY) or {}
+    since = parse_time(old.get("lastTransitionTime")) if (
+        old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
+    waited = (d.now - since).total_seconds() if since else 0.0
+    fits = d.world.fitting_nodes or {}
+    whose, short = "the job's pods", False
+    if ledger.suspended_for_capacity:
+        if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
+            ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
+            d.event("Normal", "ResumingForCapacity", f"{len(fits)} nodes fit a pod of the job now "
+                                                     f"({', '.join(list(fits)[:8])}): resuming the gang")
+            d.act = True
+            waiting(d, WAITING_FOR_CAPACITY, "Resuming", "enough fitting nodes showed up: the gang resumes")
+        else:
+            short = True
+            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
+                    f"{ledger.suspended_for_capacity} to release its nodes: {len(fits)} node(s) fit a pod of it, "
+                    f"{d.rtj.nodes} needed; it resumes by itself once enough do")
+    elif why := coordinator_unschedulable(d):
+        # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
+        # nothing to release by suspending (and resuming would wait for worker nodes, not for the
+        # coordinator's). Not the job's fault; bounded by capacityTimeoutSeconds.
+        holding = sum(1 for p in d.world.pods if on_node(p))
+        short, whose = True, "the job's coordinator"
+        waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
+                f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
+                + (f"({holding} of them on nodes)" if holding else "(gated: they hold no node)"))
+        if budget["capacityTimeoutSeconds"]:
+            d.wait(max(1.0, budget["capacityTimeoutSeconds"] - waited))
+    elif plan.unschedulable or (old.get("reason") == "Unschedulable" and not scheduled(d)):
+        # Once a pod found no node, the wait (and its clock) goes on until every index has a node: a gang
+        # short of nodes has its pods take turns on the nodes it has (each failing its rendezvous, the
+        # next waiting out the Job controller's back-off), so at a given moment none may be unschedulable.
+        if plan.unschedulable:
+            pod, message = sorted(plan.unschedulable.items())[0]
+            more = f" (and {len(plan.unschedulable) - 1} more)" if len(plan.unschedulable) > 1 else ""
+            what = f"pod {pod}{more}: {message}"
+            training = running_ready(d.world.pods)
+            if len(training) >= d.rtj.nodes:
+                # A spare's (or a lost index's, whose ranks a spare took) pod: the job trains on its nodes
+                # meanwhile, so nothing is suspended or timed out; one standby fewer, said so.
+                waiting(d, WAITING_FOR_CAPACITY, "StandbyUnschedulable",
+                        f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile, "
+                        f"with {len(training) - d.rtj.nodes} standby(s)")
+                return CapacityWait()
+        else:
+            what = old.get("message") or "a pod of the gang found no node"
+        short = True
+        waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
+        if waited >= budget["capacitySuspendSeconds"]:
+            ledger.suspended_for_capacity, ledger.capacity_nodes = timestamp(d.now), sorted(fits.values())
+            d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
+                                                       f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
+                                                       "it to release its nodes until enough fitting nodes show up")
+            # Said in the same write that decides it: the Job is suspended before the next pass.
+            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since {ledger.suspended_for_capacity} "
+                    f"to release its nodes: {len(fits)} node(s) fit a pod of it, {d.rtj.nodes} needed; it resumes "
+                    "by itself once enough do")
+            d.act = True
+        else:
+            d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
+    else:
+        waiting(d, WAITING_FOR_CAPACITY, "", "")
+        return CapacityWait()
+    limit = budget["capacityTimeoutSeconds"]
+    if limit and waited >= limit:
+        return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
+                                                            f"(restartBudget.capacityTimeoutSeconds={limit})"))
+    return CapacityWait(short)
+
+
+def coordinator_unschedulable(d: Draft) -> str:
+    """The scheduler's message if it finds no node for the coordinator of the gang's attempt."""
+    coordinator = d.world.coordinator
+    if coordinator is None or coordinator_attempt(coordinator) != d.status.attempt:
+        return ""
+    return ladder.unschedulable(coordinator)
+
+
+def scheduled(d: Draft) -> bool:
+    """Whether every index of the gang has a pod bound to a node (not going away), or none is wanted."""
+    if ((d.world.job or {}).get("spec") or {}).get("suspend"):
+        return True  # a queue holds the gang: no pod to place
+    bound = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in d.world.pods if on_node(p)}
+    return len(bound - {None}) >= d.rtj.nodes
+
+
+def exclude(d: Draft, node: str, reason: str) -> None:
+    """Keep `node` out of the job's placement for restartBudget.nodeExclusionSeconds (recorded in status
+    before any pod is placed by it: release_gated reads status)."""
+    seconds = d.rtj.spec["restartBudget"]["nodeExclusionSeconds"]
+    if not seconds or not node:
+        return
+    until = timestamp(d.now + datetime.timedelta(seconds=seconds))
+    entries = [e for e in d.status.excluded_nodes if e.get("node") != node]
+    d.status.excluded_nodes = [*entries, {"node": node, "reason": reason[:512], "until": until}][-MAX_EXCLUDED:]
+    if not any(e.get("node") == node for e in entries):
+        d.event("Warning", "NodeExcluded", f"Node {node} is kept out of the job's placement until {until}: {reason}")
+
+
+def count_node_failure(d: Draft, node: str, reason: str) -> None:
+    """A failure charged to the job on `node`: the second one there excludes the node (a restart storm on
+    one machine is the machine's, whatever the health agents say)."""
+    failures = d.status.recovery.node_failures
+    n = failures.pop(node, 0) + 1
+    if n >= REPEATED_FAILURES:
+        exclude(d, node, f"{n} failures of the job's pods on this node (last: {reason})")
+        return
+    failures[node] = n
+    while len(failures) > MAX_NODE_FAILURES:
+        failures.pop(next(iter(failures)))
+
+
+def expire_exclusions(d: Draft) -> None:
+    """Drop the exclusions that ended from status."""
+    d.status.excluded_nodes = [e for e in d.status.excluded_nodes if in_force(e, d.now)]
+
+
+def in_force(exclusion: dict[str, Any], now: datetime.datetime) -> bool:
+    return (parse_time(exclusion.get("until")) or now) > now
+
+
+def excluded(exclusions: list[dict[str, Any]], now: datetime.datetime) -> list[str]:
+    """The nodes excluded now."""
+    return sorted({e["node"] for e in exclusions if e.get("node") and in_force(e, now)})
+
+
+def exclusion_terms(pod_spec: dict[str, Any], nodes: list[str]) -> list[dict[str, Any]]:
+    """The pod's required node selector terms with `metadata.name NotIn nodes` added to each (a pod
+    held by a scheduling gate may only have its node affinity narrowed: KEP-3838)."""
+    expression = {"key": HOSTNAME_FIELD, "operator": "NotIn", "values": nodes}
+    terms = ((((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    if not terms:
+        return [{"matchFields": [expression]}]
+    return [{**t, "matchFields": [*(t.get("matchFields") or []), expression]} for t in terms]
+
+
+def release_gated(d: Draft) -> None:
+    """Hand the job's new pods (replacements, spares, a new gang) to the scheduler, each with the node
+    exclusions in force now: the operator's scheduling gate removed (others' gates, e.g. Kueue's, kept),
+    the excluded nodes added to its node affinity, in one patch guarded by the pod's uid and
+    resourceVersion. The caller holds them while they await the coordinator (awaiting_coordinator)."""
+    nodes = excluded(d.status.excluded_nodes, d.now)
+    for pod in d.world.pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        gates = spec.get("schedulingGates") or []
+        if not gated(pod):
+            continue
+        body: dict[str, Any] = {
+            "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "spec": {"schedulingGates": [g for g in gates if g.get("name") != api.SCHEDULING_GATE]}}
+        if nodes:
+            body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": exclusion_terms(spec, nodes)}}}
+        d.do(Action(UNGATE, "Pod", meta["name"], d.rtj.namespace, body, uid=meta.get("uid", "")))
+
+
+def awaiting_coordinator(d: Draft) -> tuple[bool, float | None]:
+    """Whether the gang's gated pods wait for the coordinator of their attempt to have an address, and
+    when to look again if that wait is bounded (the coordinator's own events wake the job sooner).
+
+    A worker's first act is to resolve the coordinator's name, within rendezvousTimeoutSeconds, and a
+    name that does not resolve in time fails the pod (71, charged). The Service publishes not-ready
+    addresses, so the name resolves once the coordinator has an IP: until then the gate stays (CI: a
+    coordinator slow to start on a busy node cost a job a gang restart). Bounded: once the Job is
+    rendezvousTimeoutSeconds old, and the coordinator as long bound to a node, the pods go anyway,
+    and their own wait says what is wrong. A coordinator the scheduler finds no node for keeps them
+    gated with no such bound: that wait is WaitingForCapacity's (wait_for_capacity), never the job's."""
+    if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
+        return False, None
+    coordinator = d.world.coordinator
+    if coordinator is not None and coordinator_attempt(coordinator) != d.status.attempt:
+        coordinator = None  # an older gang's: it says nothing of this one
+    if (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
+            and (coordinator.get("status") or {}).get("podIP")):
+        return False, None
+    if coordinator_unschedulable(d):
+        return True, None  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
+    since = [t for t in (parse_time(d.world.job["metadata"].get("creationTimestamp")),
+                         parse_time(bound_since(coordinator))) if t is not None]
+    left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
+    if left <= 0:
+        return False, None
+    return True, max(0.5, left)

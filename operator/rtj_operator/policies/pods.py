@@ -1,0 +1,66 @@
+"""Predicates on the job's pods and Job: which attempt a Job or coordinator belongs to, which pods
+train, which hold a node or wait at the operator's scheduling gate. Pure: no Draft, no clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import api, conditions
+from ..spec import RTJ
+
+
+def is_current(job: dict[str, Any] | None, attempt: int) -> bool:
+    """The Job is this attempt's gang and not going away."""
+    return job is not None and job_attempt(job) == attempt and not job["metadata"].get("deletionTimestamp")
+
+
+def job_attempt(job: dict[str, Any]) -> int:
+    try:
+        return int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def coordinator_attempt(pod: dict[str, Any]) -> int:
+    """The gang attempt a coordinator pod was made for (its label; 0 if unreadable: an old one)."""
+    return int((pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
+
+
+def job_nodes(job: dict[str, Any] | None, rtj: RTJ) -> int:
+    """The training nodes of a Job (annotated; an earlier operator's Job: all its completions)."""
+    if not job:
+        return rtj.nodes
+    try:
+        return int((job["metadata"].get("annotations") or {})[api.ANNOTATION_NODES])
+    except (KeyError, TypeError, ValueError):
+        return int(job.get("spec", {}).get("completions", rtj.nodes))
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = pod.get("status", {}).get("conditions") or []
+    ready = next((c for c in conds if c.get("type") == "Ready"), None)
+    return ready is None or ready.get("status") == "True"
+
+
+def running_ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods that run and are Ready, not being deleted: what the job trains on."""
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("phase") == "Running" and _ready(p)]
+
+
+def on_node(pod: dict[str, Any]) -> bool:
+    """Whether the pod holds a node: bound to one, not going away, not finished."""
+    return bool(pod.get("spec", {}).get("nodeName") and not pod["metadata"].get("deletionTimestamp")
+                and pod.get("status", {}).get("phase") in ("Pending", "Running"))
+
+
+def bound_since(pod: dict[str, Any] | None) -> str | None:
+    """When the pod was bound to a node (its PodScheduled condition turned True)."""
+    cond = conditions.get_condition(((pod or {}).get("status") or {}).get("conditions") or [], "PodScheduled")
+    return cond.get("lastTransitionTime") if cond and cond.get("status") == "True" else None
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    """Whether a pod (not going away) is held by the operator's scheduling gate."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        g.get("name") == api.SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
