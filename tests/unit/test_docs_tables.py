@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from testkit import ROOT
 
 sys.path.insert(0, str(ROOT / "hack"))
 import docs_tables

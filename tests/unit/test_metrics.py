@@ -125,9 +125,8 @@ def test_a_job_leaving_queued_is_no_longer_counted_there():
 
 
 def test_the_user_guide_lists_the_crds_phases():
-    from conftest import ROOT
-
     from rtj_operator import api
+    from testkit import ROOT
 
     line = next(line for line in (ROOT / "docs" / "user-guide.md").read_text().splitlines()
                 if line.startswith("- `phase`:"))
