@@ -14,22 +14,46 @@ WITH_PROMTOOL = RTJ_PROMTOOL_BIN=$$(bash hack/promtool/build.sh) && export RTJ_P
 # reference benchmark and the worker tests' second pass).
 WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &&
 
-.PHONY: demo test e2e bench-goodput lint unit setup tools kube crds chart-crds chart-readme docs-tables bench bench-operator bench-worker \
-	images clean nvrx06 test-worker test-worker-nvrx06 bench-checkpoint gpu-bundle gpu-check bench-reports
+.PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds \
+	chart-readme docs-tables bench bench-operator bench-worker images clean nvrx06 test-worker \
+	bench-checkpoint gpu-bundle gpu-check bench-reports
 
 demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
 	$(WITH_KUBE) $(WITH_NVRX06) PYTHONPATH=hack $(PY) -m rtj_dev.demo
 
-# Three runs: the operator's tests (unit, cluster, e2e; the e2e pods run NVRx 0.6), the worker's against
-# NVRx 0.6 (the production image's), and the worker's `nvrx041` subset against the venv's 0.4.1 (the
-# reference benchmark's version): each layer's recovery and what differs between the two versions.
-test: setup tools lint nvrx06 ## Lint and run every test (on a local control plane, with the real Kueue; NVRx 0.6)
-	$(WITH_KUBE) $(WITH_KUEUE) $(WITH_PROMTOOL) $(WITH_NVRX06) $(PY) -m pytest --ignore=$(WORKER_TESTS)
-	PYTHONPATH=$(NVRX06_DIR):operator:worker $(PY) -m pytest $(WORKER_TESTS)
-	PYTHONPATH=operator:worker $(PY) -m pytest -m nvrx041 $(WORKER_TESTS)
+# The tiers (docs/development.md, "Tests"), each its own pytest run with its own conftest.py, timed by
+# hack/tiers.py (wall and CPU seconds; `make tiers-table` prints them) and printing its slowest tests.
+# The pods on the node agents and the worker tier run NVRx 0.6, the production image's version; the
+# `nvrx041` subset runs again against the venv's 0.4.1 (the reference benchmark's version).
+TIER = $(PY) hack/tiers.py run
+PYTEST = $(PY) -m pytest --durations=15 --durations-min=2
 
-e2e: setup tools nvrx06 ## Only the end-to-end tests: real training on local node agents, NVRx 0.6 (root; ~10 min)
-	$(WITH_KUBE) $(WITH_NVRX06) $(PY) -m pytest -m e2e tests/e2e
+test: setup tools lint nvrx06 ## Lint and run every tier (on a local control plane, with the real Kueue; NVRx 0.6)
+	rm -f $(TIER_LOG)
+	# -k: a failed tier does not keep the others from running; the table, then make's verdict.
+	$(MAKE) --no-print-directory -k unit cluster e2e worker worker-nvrx041; rc=$$?; \
+		$(PY) hack/tiers.py table; exit $$rc
+
+TIER_LOG ?= .tier-times.jsonl
+export RTJ_TIER_LOG = $(abspath $(TIER_LOG))
+
+unit: setup tools ## No cluster: pure code, the chart (helm, helm-unittest), the alerts (promtool); about 2 min
+	$(WITH_PROMTOOL) $(TIER) unit -- $(PYTEST) tests/unit
+
+cluster: setup tools ## The local control plane with the real Kueue (the first run builds both from Go modules)
+	$(WITH_KUBE) $(WITH_KUEUE) $(TIER) cluster -- $(PYTEST) tests/cluster
+
+e2e: setup tools nvrx06 ## Real training in pods on local node agents, NVRx 0.6 (root; ~10 min)
+	$(WITH_KUBE) $(WITH_NVRX06) $(TIER) e2e -- $(PYTEST) tests/e2e
+
+worker: setup nvrx06 ## The worker with real ft_launcher and torch on CPU, against NVRx 0.6
+	PYTHONPATH=$(NVRX06_DIR):operator:worker $(TIER) worker -- $(PYTEST) $(WORKER_TESTS)
+
+worker-nvrx041: setup ## The worker's `nvrx041` subset against the venv's NVRx 0.4.1
+	PYTHONPATH=operator:worker $(TIER) worker-nvrx041 -- $(PYTEST) -m nvrx041 $(WORKER_TESTS)
+
+tiers-table: setup ## The last tiers' wall and CPU seconds
+	@$(PY) hack/tiers.py table
 
 kube: ## Build the local control plane's binaries from Go modules (cold ~12 min on 2 cores, then cached)
 	@echo "Kubernetes binaries: $$(bash hack/kube/build.sh)"
@@ -79,9 +103,6 @@ $(NVRX06_DIR)/.installed: | $(VENV)/.installed  # pinned: independent of the ven
 
 test-worker: setup ## All the worker's tests against the venv's NVRx (0.4.1; make test runs the nvrx041 subset)
 	PYTHONPATH=operator:worker $(PY) -m pytest $(WORKER_TESTS)
-
-test-worker-nvrx06: nvrx06 ## The worker's tests against NVRx 0.6
-	PYTHONPATH=$(NVRX06_DIR):operator:worker $(PY) -m pytest $(WORKER_TESTS)
 
 bench: bench-operator bench-worker bench-checkpoint
 
