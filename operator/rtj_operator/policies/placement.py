@@ -169,14 +169,21 @@ def excluded(exclusions: list[dict[str, Any]], now: datetime.datetime) -> list[s
 
 
 def exclusion_terms(pod_spec: dict[str, Any], nodes: list[str]) -> list[dict[str, Any]]:
-    """The pod's required node selector terms with `metadata.name NotIn nodes` added to each (a pod
-    held by a scheduling gate may only have its node affinity narrowed: KEP-3838)."""
-    expression = {"key": HOSTNAME_FIELD, "operator": "NotIn", "values": nodes}
+    """The pod's required node selector terms with `metadata.name NotIn [node]` added to each, one
+    requirement per node: the API server takes exactly one value in a matchFields requirement, and the
+    requirements of a term are ANDed (its terms ORed: each term gets them all; a pod held by a scheduling
+    gate may only have its node affinity narrowed: KEP-3838)."""
+    expressions = [{"key": HOSTNAME_FIELD, "operator": "NotIn", "values": [node]} for node in nodes]
     terms = ((((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
               .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
     if not terms:
-        return [{"matchFields": [expression]}]
-    return [{**t, "matchFields": [*(t.get("matchFields") or []), expression]} for t in terms]
+        return [{"matchFields": expressions}]
+    return [{**t, "matchFields": narrowed(t.get("matchFields") or [], expressions)} for t in terms]
+
+
+def narrowed(have: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`have` and those of `more` it lacks (a term that already keeps the pod off a node says it once)."""
+    return [*have, *(e for e in more if e not in have)]
 
 
 def release_gated(d: Draft) -> None:
