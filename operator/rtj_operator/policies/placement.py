@@ -12,6 +12,7 @@ from .. import api, conditions, ladder
 from ..actions import UNGATE, Action
 from ..conditions import parse_time, timestamp
 from ..draft import Draft
+from ..status import node_set
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
 from .pods import bound_since, coordinator_attempt, gated, on_node, running_ready
 
@@ -48,8 +49,8 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     fits = d.world.fitting_nodes or {}
     whose, short = "the job's pods", False
     if ledger.suspended_for_capacity:
-        if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
-            ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
+        if len(fits) >= d.rtj.nodes and node_set(fits.values()) != ledger.capacity_fit:
+            ledger.suspended_for_capacity, ledger.capacity_fit = "", ""
             d.event("Normal", "ResumingForCapacity", f"{len(fits)} nodes fit a pod of the job now "
                                                      f"({', '.join(list(fits)[:8])}): resuming the gang")
             d.act = True
@@ -91,7 +92,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
         short = True
         waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
         if waited >= budget["capacitySuspendSeconds"]:
-            ledger.suspended_for_capacity, ledger.capacity_nodes = timestamp(d.now), sorted(fits.values())
+            ledger.suspended_for_capacity, ledger.capacity_fit = timestamp(d.now), node_set(fits.values())
             d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
                                                        f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
                                                        "it to release its nodes until enough fitting nodes show up")
