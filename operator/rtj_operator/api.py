@@ -811,10 +811,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                 "nodeFailures": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 64,
                                  "description": "Failures charged to the job, by the node its pod ran on: two "
                                                 "exclude the node."},
-                "capacityNodes": {"type": "array", "items": _str(), "maxItems": 1024,
-                                  "description": "The nodes (uids) that fitted the job when it was suspended for "
-                                                 "capacity: it resumes once the fitting nodes are enough and not "
-                                                 "these."},
+                "capacityFit": _str("The nodes that fitted the job when it was suspended for capacity, as "
+                                    "'<count>:<sha256 of their sorted uids>': it resumes once the fitting nodes "
+                                    "are enough and not these.", maxLength=128),
                 "reports": {"type": "object", "maxProperties": 4096, "description": "Per pod (uid) of the current "
                             "Job: what its report said that is already counted (in-pod restarts and their causes, "
                             "in-loop seconds); pods with nothing to count are left out.",

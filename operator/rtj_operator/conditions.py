@@ -16,6 +16,10 @@ STORAGE_READY = "StorageReady"
 # Kueue: the gang waits in its queue (True) / its quota is reserved and it may run (True).
 QUEUED = "Queued"
 ADMITTED = "Admitted"
+# The API server keeps refusing the operator's passes for this job with an error a retry cannot fix (True,
+# APIRejected: which call, and the server's message); False (Resolved) once a pass goes through again.
+RECONCILE_ERROR = "ReconcileError"
+API_REJECTED = "APIRejected"
 
 
 def timestamp(now: datetime.datetime) -> str:

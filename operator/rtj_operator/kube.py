@@ -34,9 +34,13 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
 
 
 class KubeError(Exception):
-    def __init__(self, status: int, message: str):
+    """The API server's answer to a call it did not take, and which call it was (verb, kind and name of the
+    object, where known: runtime.py names them in the ReconcileError condition)."""
+
+    def __init__(self, status: int, message: str, verb: str = "", kind: str = "", name: str = ""):
         super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+        self.status, self.message = status, message
+        self.verb, self.kind, self.name = verb, kind, name
 
 
 def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token: str | None = None,
@@ -116,7 +120,8 @@ class Kube:
         return path
 
     def _call(self, verb: str, kind: str, method: str, path: str, body: Any = None,
-              query: list[tuple[str, str]] | None = None, content_type: str = "application/json") -> Any:
+              query: list[tuple[str, str]] | None = None, content_type: str = "application/json",
+              name: str = "") -> Any:
         if self._on_call:
             self._on_call(verb, kind)
         try:
@@ -126,13 +131,13 @@ class Kube:
                 auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30,
             )
         except kubernetes.client.exceptions.ApiException as exc:
-            raise KubeError(exc.status or 0, _message(exc.body) or str(exc.reason)) from None
+            raise KubeError(exc.status or 0, _message(exc.body) or str(exc.reason), verb, kind, name) from None
         data = response[0].data if isinstance(response, tuple) else response.data
         return json.loads(data) if data else None
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
-            return self._call("get", kind, "GET", self._path(kind, namespace, name))
+            return self._call("get", kind, "GET", self._path(kind, namespace, name), name=name)
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -159,7 +164,8 @@ class Kube:
         """POST; `dry_run` asks the server to admit and validate without storing (?dryRun=All)."""
         kind, namespace = obj["kind"], obj["metadata"].get("namespace")
         query = [("dryRun", "All")] if dry_run else []
-        return self._call("create", kind, "POST", self._path(kind, namespace), body=obj, query=query)
+        return self._call("create", kind, "POST", self._path(kind, namespace), body=obj, query=query,
+                          name=obj["metadata"].get("name") or obj["metadata"].get("generateName") or "")
 
     def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any],
               subresource: str | None = None, strategic: bool = False) -> dict[str, Any]:
@@ -167,7 +173,7 @@ class Kube:
         verb = "patch" if not subresource else f"patch/{subresource}"
         content_type = "application/strategic-merge-patch+json" if strategic else "application/merge-patch+json"
         return self._call(verb, kind, "PATCH", self._path(kind, namespace, name, subresource), body=patch,
-                          content_type=content_type)
+                          content_type=content_type, name=name)
 
     def evict(self, name: str, namespace: str, uid: str | None = None) -> str:
         """The Eviction API: the server marks the pod DisruptionTarget and deletes it gracefully.
@@ -178,7 +184,8 @@ class Kube:
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         try:
-            self._call("create/eviction", "Pod", "POST", self._path("Pod", namespace, name, "eviction"), body=body)
+            self._call("create/eviction", "Pod", "POST", self._path("Pod", namespace, name, "eviction"), body=body,
+                       name=name)
             return "evicted"
         except KubeError as exc:
             if exc.status in (404, 409):
@@ -198,7 +205,8 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            return self._call("delete", kind, "DELETE", self._path(kind, namespace, name), body=body) or {}
+            return self._call("delete", kind, "DELETE", self._path(kind, namespace, name), body=body,
+                              name=name) or {}
         except KubeError as exc:
             if exc.status == 404 or (uid and exc.status == 409):
                 return None

@@ -35,7 +35,7 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("rtj_reconcile_errors_total", "Reconcile passes that raised.", ["error"])
 PASSES = Counter("rtj_reconcile_passes_total", "The runtime's passes by outcome: ok, gone, deleting, not_leader, "
-                 "conflict, api_error, error, crashed (runtime.OUTCOMES).", ["outcome"])
+                 "conflict, api_error, rejected, error, crashed (runtime.OUTCOMES).", ["outcome"])
 LEADER = Gauge("rtj_leader", "1 while this replica holds the leader Lease and runs passes, else 0.")
 API_CALLS = Counter("rtj_api_calls_total", "Kubernetes API calls by verb and kind.", ["verb", "kind"])
 

@@ -212,6 +212,10 @@ def settle(intent: Intent, results: list[Result], world: World, now: datetime.da
     (ChildConflict), the bookkeeping of a Job just created."""
     d = Draft(world, now)
     d.status, d.events, d.metrics = intent.status, [], intent.metrics
+    if conditions.is_true(d.status.conditions, conditions.RECONCILE_ERROR):
+        # Set by the runtime after passes the API server kept refusing (runtime.Runtime._rejected): this one
+        # carried out its actions, so its status write (the pass's one) says it is over.
+        d.cond(conditions.RECONCILE_ERROR, False, "Resolved", "the operator's last pass went through")
     done: list[Event] = []
     for r in results:
         a = r.action

@@ -12,6 +12,11 @@ one pass per key (controller-runtime's shape). kopf's watch handlers (handlers.p
   How a pass ended is classified once (`_pass`: an Outcome) and acted on in one switch (`_handle`:
   requeue, retry with back-off, hand over to the next leader, forget), which counts every pass by
   outcome (rtj_reconcile_passes_total).
+- A pass the API server refuses with an error no retry fixes (`unfixable`), on the same call twice in a
+  row, is said on the RTJ (condition ReconcileError, APIRejected, and one Warning event) by a status
+  patch of that condition alone (the failed pass wrote nothing), and retried every max_requeue
+  seconds, not with the back-off's hammering. The next pass that goes through clears it in its own
+  status write (reconcile.settle).
 - Start-up: one LIST per kind fills the stores before any pass runs (the synced guard). Every
   RESYNC_SECONDS the LISTs run again and correct what a watch may have missed.
 - With a LeaderElector (leader.py), every replica keeps its stores and queue, but workers take keys
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import api, capacity, ladder, metrics
+from . import api, capacity, conditions, ladder, metrics
 from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
@@ -49,9 +54,12 @@ DELETING = "deleting"  # the RTJ is being deleted: nothing to converge
 NOT_LEADER = "not_leader"  # the Lease was lost mid-pass: queued for the next leader
 CONFLICT = "conflict"  # a write met a newer object (409): the RTJ read afresh, retried
 API_ERROR = "api_error"  # the API server refused or failed a call: retried with back-off
+REJECTED = "rejected"  # refused for a reason a retry cannot fix (`unfixable`): said on the RTJ once repeated
 ERROR = "error"  # any other failure of the pass: retried with back-off
 CRASHED = "crashed"  # the worker caught what the pass let through (a bug): retried, kept in Runtime.error
-OUTCOMES = (OK, GONE, DELETING, NOT_LEADER, CONFLICT, API_ERROR, ERROR, CRASHED)
+OUTCOMES = (OK, GONE, DELETING, NOT_LEADER, CONFLICT, API_ERROR, REJECTED, ERROR, CRASHED)
+# Passes refused the same way (status, verb, kind, name) this many times in a row set ReconcileError.
+REJECTED_STREAK = 2
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,14 @@ def failing(obj: dict[str, Any]) -> bool:
         return True
     alarms = ("Failed", "FailureTarget", "Complete", "DisruptionTarget")
     return any(c.get("type") in alarms and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def unfixable(exc: KubeError) -> bool:
+    """Whether the API server refused a call for a reason that retrying it unchanged cannot fix: invalid
+    (400, 422), forbidden (403: RBAC, an admission policy), or a child that is not there (404; the RTJ's
+    own 404 means it is gone, which the next pass finds). Not 409 (a newer object: read afresh), 429 or
+    5xx (the server busy or failing: back-off)."""
+    return exc.status in (400, 403, 422) or (exc.status == 404 and exc.kind not in ("", api.KIND))
 
 
 def _verdict(node: dict[str, Any] | None) -> tuple[str, str]:
@@ -176,6 +192,7 @@ class Runtime:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._quiet: dict[Key, int] = {}  # consecutive passes that changed nothing
+        self._rejections: dict[Key, tuple[tuple[Any, ...], int]] = {}  # the refused call, passes in a row
         self._node_misses: dict[str, float] = {}
         self._lock = threading.Lock()
         self._clock = clock
@@ -396,7 +413,7 @@ class Runtime:
         except NotLeader as exc:
             return Outcome(NOT_LEADER, error=exc)
         except KubeError as exc:
-            return Outcome(CONFLICT if exc.status == 409 else API_ERROR, error=exc)
+            return Outcome(CONFLICT if exc.status == 409 else REJECTED if unfixable(exc) else API_ERROR, error=exc)
         except Exception as exc:
             return Outcome(ERROR, error=exc)
         return Outcome(OK, intent.requeue, changed=bool(written or intent.actions))
@@ -406,6 +423,8 @@ class Runtime:
         requeue, retry or forget the key."""
         metrics.PASSES.labels(outcome.kind).inc()
         exc = outcome.error
+        if outcome.kind != REJECTED:
+            self._rejections.pop(key, None)  # a streak of refusals ends with any other outcome
         if outcome.kind == OK:
             self.queue.forget(key)
             self._requeue(key, outcome.requeue, outcome.changed)
@@ -421,6 +440,9 @@ class Runtime:
             self.queue.retry(key)
         elif outcome.kind == API_ERROR:
             log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
+        elif outcome.kind == REJECTED:
+            assert isinstance(exc, KubeError)
+            self._rejected(key, exc)
         elif outcome.kind == ERROR:
             delay = self.queue.retry(key)
             log.warning("pass for %s/%s failed (%s), retrying in %.1fs: %s", *key, type(exc).__name__, delay, exc)
@@ -428,6 +450,48 @@ class Runtime:
             log.error("pass for %s/%s crashed", *key, exc_info=exc)
             self.error = exc
             self.queue.retry(key)
+
+    def _rejected(self, key: Key, exc: KubeError) -> None:
+        """A pass the API server refused (`unfixable`): retried with back-off the first time; from the second
+        refusal in a row of the same call, said on the RTJ and retried every max_requeue seconds (a watch
+        event still wakes it sooner: an edit of the spec, a child changed)."""
+        call = (exc.status, exc.verb, exc.kind, exc.name)
+        last, streak = self._rejections.get(key, ((), 0))
+        streak = streak + 1 if last == call else 1
+        self._rejections[key] = (call, streak)
+        if streak < REJECTED_STREAK:
+            log.warning("pass for %s/%s refused, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
+            return
+        log.warning("pass for %s/%s refused %d times in a row, retrying in %.0fs: %s", *key, streak,
+                    self.max_requeue, exc)
+        self._say_rejected(key, exc)
+        self.queue.add_after(key, self.max_requeue)
+
+    def _say_rejected(self, key: Key, exc: KubeError) -> None:
+        """ReconcileError True (APIRejected) by a status patch of the conditions alone, guarded by the RTJ's
+        resourceVersion, and one Warning event when it changes; any failure here is only logged (the next
+        refused pass tries again)."""
+        body = self.stores.rtjs.get(*key)
+        if body is None:
+            return
+        what = " ".join(p for p in (exc.verb, exc.kind, exc.name) if p) or "a call"
+        message = (f"the API server refuses {what} (HTTP {exc.status}): {exc.message[:1024]}; the operator's "
+                   f"passes for this job stop there, retried every {self.max_requeue:.0f}s")
+        old = (body.get("status") or {}).get("conditions") or []
+        have = conditions.get_condition(old, conditions.RECONCILE_ERROR) or {}
+        if (have.get("status"), have.get("reason"), have.get("message")) == ("True", conditions.API_REJECTED,
+                                                                              message):
+            return
+        new = conditions.set_condition(old, conditions.RECONCILE_ERROR, True, conditions.API_REJECTED, message,
+                                       body["metadata"].get("generation") or 0, datetime.datetime.now(datetime.UTC))
+        meta = body["metadata"]
+        try:
+            self.writer.patch(api.KIND, meta["name"], meta.get("namespace"), {
+                "metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"conditions": new}},
+                subresource="status")
+            self.writer.event(body, "Warning", conditions.API_REJECTED, message)
+        except Exception as write_exc:
+            log.warning("could not set ReconcileError on %s/%s: %s", *key, write_exc)
 
     def _requeue(self, key: Key, requeue: Requeue, changed: bool) -> None:
         if requeue.act:
@@ -447,6 +511,7 @@ class Runtime:
         """The RTJ is gone: no series, no requeue, no bookkeeping left behind."""
         self.queue.remove(key)
         self._quiet.pop(key, None)
+        self._rejections.pop(key, None)
         metrics.forget(*key)
 
     def _node(self, name: str) -> dict[str, Any] | None:

@@ -17,8 +17,9 @@ from rtj_operator.actions import EVICT, PATCH, UNGATE
 from rtj_operator.builders import build_job
 from rtj_operator.builders.job import template_hash
 from rtj_operator.builders.names import selector_labels
+from rtj_operator.policies import placement
 from rtj_operator.reconcile import Config, reconcile
-from rtj_operator.spec import RTJ, semantic_errors
+from rtj_operator.spec import RTJ, _affinity_errors, semantic_errors
 from rtj_worker import exit_codes
 from testkit import rtj_body
 
@@ -135,6 +136,50 @@ def test_without_exclusions_the_gate_alone_is_removed():
     w.world.pods[0] = gated(w.world.pods[0])
     (ungate,) = [a for a in w.run().actions if a.verb == UNGATE]
     assert "affinity" not in ungate.body["spec"]
+
+
+def node_terms(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}} if terms else {}
+
+
+ZONE_A = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+POOL_B = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}],
+          "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n0"]}]}
+
+
+@pytest.mark.parametrize("count", [1, 2, 20])
+@pytest.mark.parametrize("existing", [(), (ZONE_A,), (ZONE_A, POOL_B)], ids=["no-terms", "one-term", "two-terms"])
+def test_each_excluded_node_is_its_own_requirement_in_every_term(count, existing):
+    """Issue 29: all the excluded nodes in one matchFields requirement was refused (422, "must be only one
+    value") on every pass once two nodes were excluded: the replacements stayed gated."""
+    nodes = [f"n{i}" for i in range(count)]
+    spec = copy.deepcopy(node_terms(*existing))
+    terms = placement.exclusion_terms(spec, nodes)
+    assert spec == node_terms(*existing)  # the pod's own spec is untouched
+    assert len(terms) == max(1, len(existing))  # terms are ORed: one more would widen the placement
+    for term, old in zip(terms, existing or ({},), strict=True):
+        assert term.get("matchExpressions") == old.get("matchExpressions")  # only narrowed (KEP-3838)
+        fields = term["matchFields"]
+        assert fields[:len(old.get("matchFields") or [])] == (old.get("matchFields") or [])
+        assert all(len(f["values"]) == 1 for f in fields)
+        assert {f["values"][0] for f in fields if f["operator"] == "NotIn"} >= set(nodes)
+        assert len(fields) == len({f["values"][0] for f in fields})  # n0, excluded twice, said once
+    pod = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    assert _affinity_errors(pod) == []  # the API server's rule, as spec.py checks it
+
+
+def test_two_excluded_nodes_lift_the_gate_with_a_pod_the_api_server_accepts():
+    w = W()
+    w.world.pods[1] = gated(w.world.pods[1])
+    w.status(excludedNodes=[{"node": "n9", "reason": "x", "until": ts(-60)},
+                            {"node": "n7", "reason": "y", "until": ts(-60)}])
+    (ungate,) = [a for a in w.run().actions if a.verb == UNGATE]
+    affinity = ungate.body["spec"]["affinity"]
+    (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n7"]},
+                                   {"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]
+    assert _affinity_errors(affinity) == []
 
 
 @pytest.mark.parametrize("coordinator,job_age,released", [

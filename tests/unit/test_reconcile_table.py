@@ -17,7 +17,8 @@ from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
 from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
 from rtj_operator.builders.job import template_hash
 from rtj_operator.reconcile import reconcile, settle
-from rtj_operator.spec import RTJ
+from rtj_operator.spec import RTJ, schema_errors
+from rtj_operator.status import node_set
 from rtj_worker import exit_codes
 from testkit import rtj_body
 
@@ -380,7 +381,8 @@ def test_after_capacity_suspend_seconds_the_gang_is_suspended_to_release_its_nod
     w.world.pods[1] = unschedulable(1)
     w.world.fitting_nodes = {"n0": "uid-n0"}
     decided = w.run()
-    assert decided.status.recovery.suspended_for_capacity and decided.status.recovery.capacity_nodes == ["uid-n0"]
+    assert decided.status.recovery.suspended_for_capacity
+    assert decided.status.recovery.capacity_fit == node_set(["uid-n0"])
     assert decided.requeue.act and decided.actions == [] and "SuspendingForCapacity" in reasons(decided)
     assert condition(decided, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"  # with the decision
     w.body["status"] = decided.status.to_dict()
@@ -393,7 +395,7 @@ def test_a_gang_suspended_for_capacity_resumes_once_enough_new_nodes_fit():
     w = waiting_since(W(), 400, "SuspendedForCapacity")
     w.world.job["spec"]["suspend"] = True
     w.world.pods, w.world.coordinator = [], None
-    w.status(recovery={"suspendedForCapacity": ts(100), "capacityNodes": ["uid-n0", "uid-n1"]})
+    w.status(recovery={"suspendedForCapacity": ts(100), "capacityFit": node_set(["uid-n1", "uid-n0"])})
     w.world.fitting_nodes = {"n0": "uid-n0", "n1": "uid-n1"}  # the same nodes: nothing changed for the better
     still = w.run()
     assert still.actions == [] and condition(still, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"
@@ -404,6 +406,28 @@ def test_a_gang_suspended_for_capacity_resumes_once_enough_new_nodes_fit():
     (patch,) = w.run().actions
     assert patch.body == {"spec": {"suspend": False}}
     assert resumed.status.job_restarts == 0 and resumed.status.disruptions == 0
+
+
+@pytest.mark.parametrize("fleet", [2, 2000])
+def test_a_gang_suspended_for_capacity_on_a_large_fleet_records_a_bounded_status_and_resumes_on_a_new_set(fleet):
+    """status.recovery listed every fitting node, refused (422: maxItems 1024) on every pass past 1024: now
+    their count and a hash, the same size whatever the fleet's."""
+    fits = {f"n{i}": f"uid-n{i}" for i in range(fleet)}
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 301)
+    w.world.pods[1] = unschedulable(1)
+    w.world.fitting_nodes = dict(fits)
+    decided = w.run()
+    written = decided.status.to_dict()["recovery"]
+    assert written["capacityFit"].startswith(f"{fleet}:") and len(written["capacityFit"]) < 128
+    assert schema_errors({**w.body, "status": decided.status.to_dict()}) == []  # the CRD takes it
+    w = waiting_since(W(), 400, "SuspendedForCapacity")
+    w.world.job["spec"]["suspend"] = True
+    w.world.pods, w.world.coordinator = [], None
+    w.status(recovery=written)
+    w.world.fitting_nodes = dict(reversed(fits.items()))  # the same nodes, listed in another order
+    assert w.run().status.recovery.suspended_for_capacity
+    w.world.fitting_nodes = {**fits, "new": "uid-new"}  # one more fits
+    assert not w.run().status.recovery.suspended_for_capacity
 
 
 def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason():

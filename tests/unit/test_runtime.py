@@ -10,10 +10,13 @@ import time
 from typing import Any
 
 import pytest
+from test_reconcile_table import NOW, W, ts
 
 from rtj_operator import api
+from rtj_operator.actions import Result
+from rtj_operator.conditions import get_condition
 from rtj_operator.kube import KubeError
-from rtj_operator.reconcile import Requeue
+from rtj_operator.reconcile import Requeue, settle
 from rtj_operator.runtime import EVENT_SPACING, WAITING_MAX, Runtime
 from rtj_operator.stores import Stores
 from testkit import wait_until
@@ -34,6 +37,8 @@ class FakeKube:
 
     def __init__(self, objects: dict[str, list[dict[str, Any]]]):
         self.objects, self.calls = objects, []
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str, str]] = []
         self.on_list: Any = None
 
     def list_versioned(self, kind: str, namespace: str | None, selector: dict[str, str] | None = None):
@@ -45,6 +50,19 @@ class FakeKube:
     def get(self, kind: str, name: str, namespace: str | None = None) -> None:
         self.calls.append(("get", kind))
         return None
+
+    def patch(self, kind: str, name: str, namespace: str | None, patch: dict[str, Any],
+              subresource: str | None = None, strategic: bool = False) -> dict[str, Any]:
+        """Status patches of the RTJs in `objects`, kept (the resourceVersion moves on)."""
+        self.calls.append(("patch", kind))
+        self.patches.append(copy.deepcopy(patch))
+        (obj,) = [o for o in self.objects[kind] if o["metadata"]["name"] == name]
+        obj.setdefault("status", {}).update(copy.deepcopy(patch.get("status") or {}))
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(obj)
+
+    def event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((involved["metadata"]["name"], type_, reason, message))
 
 
 def rtj(name: str, rv: int = 1) -> dict[str, Any]:
@@ -256,3 +274,109 @@ def test_every_pass_is_counted_by_outcome_a_failed_probe_included(runtime: Runti
     runtime.run(("ns", "b"))
     assert {o: count(o) - n for o, n in before.items()} == {"gone": 1, "api_error": 1, "conflict": 1}
     assert runtime.queue.retry(("ns", "a")) > runtime.queue.retry(("ns", "c"))  # a's failure began its back-off
+
+
+# --- a pass the API server keeps refusing (issue 29) --------------------------------------------------
+ONE_VALUE = ('Pod "a-0" is invalid: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution'
+             '.nodeSelectorTerms[0].matchFields[0].values: Required value: must be only one value')
+
+
+def refuse(monkeypatch, error: KubeError) -> None:
+    from rtj_operator.world import World
+
+    def probe(self: World, *args: Any, **kwargs: Any) -> World:
+        raise error
+    monkeypatch.setattr(World, "from_stores", classmethod(lambda cls, stores, body, node=None: cls(body)))
+    monkeypatch.setattr(World, "probe", probe)
+
+
+def reconcile_error(rt: Runtime, name: str = "a") -> dict[str, Any]:
+    body = rt.stores.rtjs.get("ns", name) or {}
+    return get_condition((body.get("status") or {}).get("conditions") or [], "ReconcileError") or {}
+
+
+def test_a_pass_refused_twice_the_same_way_is_said_on_the_rtj_once_and_retried_slowly(runtime, monkeypatch):
+    """Issue 29: the gate of a replacement pod lifted with an affinity the API server rejects (422), every
+    pass, for an hour, and only the log said so."""
+    kube, key = runtime.kube, ("ns", "a")
+    refuse(monkeypatch, KubeError(422, ONE_VALUE, "patch", "Pod", "a-0"))
+    runtime.run(key)
+    assert kube.patches == [] and kube.events == []  # once may be a fluke: back-off
+    assert runtime.queue._due[key] - runtime._clock() < 1.0  # the back-off's first step
+    runtime.queue.remove(key)
+    runtime.run(key)
+    (patch,) = kube.patches
+    assert set(patch) == {"metadata", "status"} and set(patch["status"]) == {"conditions"}  # that condition only
+    assert patch["metadata"] == {"resourceVersion": "1"}  # as the pass read it
+    cond = reconcile_error(runtime)
+    assert (cond["status"], cond["reason"]) == ("True", "APIRejected")
+    for words in ("HTTP 422", "patch Pod a-0", "must be only one value", "every 60s"):
+        assert words in cond["message"], cond
+    assert kube.events == [("a", "Warning", "APIRejected", cond["message"])]
+    due = runtime.queue._due[key]
+    assert due - runtime._clock() == pytest.approx(runtime.max_requeue)  # not the back-off's next step
+    runtime.queue.remove(key)
+    runtime.run(key)  # refused again: said already, nothing written or posted again
+    assert len(kube.patches) == 1 and len(kube.events) == 1
+
+
+@pytest.mark.parametrize("errors", [
+    [KubeError(409, "conflict", "patch/status", api.KIND, "a")] * 3,
+    [KubeError(429, "slow down", "patch", "Pod", "a-0")] * 3,
+    [KubeError(500, "etcd", "patch", "Pod", "a-0")] * 3,
+    [KubeError(404, "gone", "patch/status", api.KIND, "a")] * 3,  # the RTJ itself: the next pass finds it gone
+    [KubeError(422, ONE_VALUE, "patch", "Pod", "a-0"), KubeError(422, "no", "patch", "Pod", "a-1"),
+     KubeError(422, ONE_VALUE, "patch", "Pod", "a-0")],  # not the same call twice in a row
+    [KubeError(422, ONE_VALUE, "patch", "Pod", "a-0"), KubeError(500, "etcd", "patch", "Pod", "a-0"),
+     KubeError(422, ONE_VALUE, "patch", "Pod", "a-0")],
+], ids=["conflict", "429", "5xx", "rtj-404", "other-call", "interrupted"])
+def test_refusals_a_retry_may_fix_set_no_condition(runtime, monkeypatch, errors):
+    for error in errors:
+        refuse(monkeypatch, error)
+        runtime.run(("ns", "a"))
+        runtime.queue.remove(("ns", "a"))
+    assert runtime.kube.patches == [] and runtime.kube.events == []
+
+
+@pytest.mark.parametrize("status,kind", [(400, "Job"), (403, "Pod"), (404, "Service"), (422, api.KIND)])
+def test_each_refusal_no_retry_fixes_sets_it(runtime, monkeypatch, status, kind):
+    refuse(monkeypatch, KubeError(status, "refused", "create", kind, "x"))
+    for _ in range(2):
+        runtime.run(("ns", "a"))
+    assert reconcile_error(runtime)["reason"] == "APIRejected"
+    assert f"HTTP {status}" in reconcile_error(runtime)["message"]
+
+
+def test_the_next_pass_that_goes_through_clears_it_in_its_own_status_write():
+    w = W()
+    w.status(conditions=[{"type": "ReconcileError", "status": "True", "reason": "APIRejected", "message": "x",
+                          "lastTransitionTime": ts(600)}])
+    intent = w.run()
+    still = get_condition(intent.status.conditions, "ReconcileError")
+    assert still["status"] == "True"  # decided, not done: a pass whose actions fail writes nothing
+    settled = settle(intent, [Result(a) for a in intent.actions], w.world, NOW)
+    cond = get_condition(settled.status.conditions, "ReconcileError")
+    assert (cond["status"], cond["reason"]) == ("False", "Resolved")
+    w.status(conditions=settled.status.conditions)  # and once False, it stays as it is
+    again = settle(w.run(), [], w.world, NOW)
+    assert get_condition(again.status.conditions, "ReconcileError") == cond
+
+
+def test_a_refused_call_says_which_call_it_was():
+    import json
+
+    import kubernetes
+
+    from rtj_operator.kube import Kube
+
+    class Client:
+        def call_api(self, *args: Any, **kwargs: Any) -> None:
+            exc = kubernetes.client.exceptions.ApiException(status=422, reason="Unprocessable Entity")
+            exc.body = json.dumps({"message": ONE_VALUE})
+            raise exc
+
+    with pytest.raises(KubeError) as refused:
+        Kube(Client()).patch("Pod", "a-0", "ns", {"spec": {}})  # type: ignore[arg-type]
+    assert (refused.value.status, refused.value.verb, refused.value.kind, refused.value.name) == (
+        422, "patch", "Pod", "a-0")
+    assert refused.value.message == ONE_VALUE and str(refused.value) == f"HTTP 422: {ONE_VALUE}"

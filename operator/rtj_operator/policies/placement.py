@@ -12,6 +12,7 @@ from .. import api, conditions, ladder
 from ..actions import UNGATE, Action
 from ..conditions import parse_time, timestamp
 from ..draft import Draft
+from ..status import node_set
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
 from .pods import bound_since, coordinator_attempt, gated, on_node, running_ready
 
@@ -48,8 +49,8 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     fits = d.world.fitting_nodes or {}
     whose, short = "the job's pods", False
     if ledger.suspended_for_capacity:
-        if len(fits) >= d.rtj.nodes and set(fits.values()) != set(ledger.capacity_nodes):
-            ledger.suspended_for_capacity, ledger.capacity_nodes = "", []
+        if len(fits) >= d.rtj.nodes and node_set(fits.values()) != ledger.capacity_fit:
+            ledger.suspended_for_capacity, ledger.capacity_fit = "", ""
             d.event("Normal", "ResumingForCapacity", f"{len(fits)} nodes fit a pod of the job now "
                                                      f"({', '.join(list(fits)[:8])}): resuming the gang")
             d.act = True
@@ -91,7 +92,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
         short = True
         waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
         if waited >= budget["capacitySuspendSeconds"]:
-            ledger.suspended_for_capacity, ledger.capacity_nodes = timestamp(d.now), sorted(fits.values())
+            ledger.suspended_for_capacity, ledger.capacity_fit = timestamp(d.now), node_set(fits.values())
             d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
                                                        f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
                                                        "it to release its nodes until enough fitting nodes show up")
@@ -169,14 +170,21 @@ def excluded(exclusions: list[dict[str, Any]], now: datetime.datetime) -> list[s
 
 
 def exclusion_terms(pod_spec: dict[str, Any], nodes: list[str]) -> list[dict[str, Any]]:
-    """The pod's required node selector terms with `metadata.name NotIn nodes` added to each (a pod
-    held by a scheduling gate may only have its node affinity narrowed: KEP-3838)."""
-    expression = {"key": HOSTNAME_FIELD, "operator": "NotIn", "values": nodes}
+    """The pod's required node selector terms with `metadata.name NotIn [node]` added to each, one
+    requirement per node: the API server takes exactly one value in a matchFields requirement, and the
+    requirements of a term are ANDed (its terms ORed: each term gets them all; a pod held by a scheduling
+    gate may only have its node affinity narrowed: KEP-3838)."""
+    expressions = [{"key": HOSTNAME_FIELD, "operator": "NotIn", "values": [node]} for node in nodes]
     terms = ((((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
               .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
     if not terms:
-        return [{"matchFields": [expression]}]
-    return [{**t, "matchFields": [*(t.get("matchFields") or []), expression]} for t in terms]
+        return [{"matchFields": expressions}]
+    return [{**t, "matchFields": narrowed(t.get("matchFields") or [], expressions)} for t in terms]
+
+
+def narrowed(have: list[dict[str, Any]], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`have` and those of `more` it lacks (a term that already keeps the pod off a node says it once)."""
+    return [*have, *(e for e in more if e not in have)]
 
 
 def release_gated(d: Draft) -> None:
