@@ -7,6 +7,8 @@ set -euo pipefail
 VERSION="${HELM_UNITTEST_VERSION:-v1.1.2}"
 CACHE="${RTJ_KUBE_CACHE:-$HOME/.cache/rtj-kube}"
 OUT="$CACHE/helm-unittest-$VERSION"
+# One build at a time (two test lanes may ask at once): the second waits, then finds it built.
+mkdir -p "$CACHE"; exec 9>"$CACHE/.lock-helm-unittest"; flock 9
 if [[ -x "$OUT/bin/helm-unittest" ]]; then
   echo "$OUT/bin/helm-unittest"
   exit 0

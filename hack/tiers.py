@@ -1,10 +1,14 @@
 """Run the test tiers and say where the time goes: each tier's wall time, the CPU time of everything
 it started (user + system, the processes it waited for included), and their ratio, in one table.
 
-    python hack/tiers.py run NAME -- CMD...   # run one tier, record its line in $RTJ_TIER_LOG
-    python hack/tiers.py table                # print the recorded lines as a table
+    python hack/tiers.py run NAME -- CMD...          # run one tier, record its line in $RTJ_TIER_LOG
+    python hack/tiers.py table                       # print the recorded lines as a table
+    python hack/tiers.py lanes "A B" "C D" [--logs DIR]   # make targets: each lane in order, lanes at once
 
-`make test` runs every tier through `run` and prints the table last (docs/development.md).
+`make test` runs two lanes at once (docs/development.md, "CI"): the tiers that need the Go-built
+control plane in one, the worker's and the unit tier in the other, so the second runs while the
+first builds or waits on timeouts. Each target's output goes to its own log, printed whole when it
+ends (CI's log reads tier by tier), with a line every few minutes naming what still runs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,7 +52,59 @@ def table() -> str:
     return "\n".join(out)
 
 
+HEARTBEAT_SECONDS = 300.0
+
+
+def lanes(plan: list[list[str]], logs: Path, make: str = "make") -> int:
+    """Run each lane's make targets in order, the lanes at once; print each target's log whole when it
+    ends. Exit status: 0 if every target passed. A failed target does not stop its lane (`make -k`)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    printing = threading.Lock()
+    running: dict[str, float] = {}
+    failed: list[str] = []
+
+    def lane(targets: list[str]) -> None:
+        for target in targets:
+            log = logs / f"{target}.log"
+            start = time.monotonic()
+            running[target] = start
+            with log.open("wb") as out:
+                rc = subprocess.run([make, "--no-print-directory", target], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL).returncode
+            running.pop(target, None)
+            if rc:
+                failed.append(target)
+            with printing:
+                print(f"\n===== {target}: exit {rc} after {time.monotonic() - start:.0f} s (log {log}) =====",
+                      flush=True)
+                sys.stdout.buffer.write(log.read_bytes())
+                print(f"===== end of {target} =====", flush=True)
+
+    threads = [threading.Thread(target=lane, args=(targets,), daemon=True) for targets in plan]
+    for t in threads:
+        t.start()
+    last = time.monotonic()
+    while any(t.is_alive() for t in threads):
+        time.sleep(1.0)
+        now = time.monotonic()
+        if running and now - last >= HEARTBEAT_SECONDS:
+            last = now
+            with printing:
+                print("[tiers] still running: " + ", ".join(f"{name} ({(now - since) / 60:.0f} min)"
+                                                          for name, since in list(running.items())), flush=True)
+    if failed:
+        print(f"[tiers] failed: {' '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["lanes"]:
+        logs = Path(".tier-logs")
+        args = argv[1:]
+        if "--logs" in args:
+            i = args.index("--logs")
+            logs, args = Path(args[i + 1]), args[:i] + args[i + 2:]
+        return lanes([lane.split() for lane in args], logs, os.environ.get("MAKE", "make"))
     if argv[:1] == ["run"] and "--" in argv:
         sep = argv.index("--")
         return run(argv[1], argv[sep + 1:])

@@ -7,6 +7,8 @@ set -euo pipefail
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 CACHE="${RTJ_KUBE_CACHE:-$HOME/.cache/rtj-kube}"
 OUT="$CACHE/kueue-$KUEUE_VERSION"
+# One build at a time (two test lanes may ask at once): the second waits, then finds it built.
+mkdir -p "$CACHE"; exec 9>"$CACHE/.lock-kueue"; flock 9
 if [[ -x "$OUT/bin/kueue" && -f "$OUT/webhook/manifests.yaml" ]]; then
   echo "$OUT"
   exit 0

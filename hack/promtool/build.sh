@@ -5,6 +5,8 @@
 set -euo pipefail
 VERSION="${PROMETHEUS_MODULE_VERSION:-v0.316.0}"   # the Go module's version of Prometheus 3.x
 BIN="${RTJ_PROMTOOL_CACHE:-$HOME/.cache/rtj-promtool}/$VERSION/bin"
+# One build at a time (two test lanes may ask at once): the second waits, then finds it built.
+mkdir -p "$BIN"; exec 9>"$BIN/../.lock"; flock 9
 if [[ ! -x "$BIN/promtool" ]]; then
   mkdir -p "$BIN"
   echo "[promtool-build $(date +%H:%M:%S)] go install github.com/prometheus/prometheus/cmd/promtool@$VERSION" >&2
