@@ -556,6 +556,7 @@ def test_a_partitioned_node_never_yields_two_processes_of_one_rank(run: Run, age
             "WaitingForFencing").get("status") == "True" else None, timeout=90, what="WaitingForFencing")
         assert agent.name in waiting["message"]
         step_then = max(e["step"] for e in run.timeline() if e["event"] == "step")
+
         def one_process_of_index_1_until(deadline: float) -> bool:
             live = live_processes_of_index(agents, run.ns, "1")
             assert len(live) <= 1, live
