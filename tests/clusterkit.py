@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 import yaml
 
@@ -152,6 +153,22 @@ def lost_nodes(cluster: LocalCluster) -> Iterator[Callable[[str], None]]:
 def start_operator(cluster: LocalCluster, token: str, ns: str, **kwargs: Any) -> OperatorThread:
     kwargs.setdefault("max_requeue", 1.0)
     return OperatorThread(cluster.server, token, str(cluster.ca_file), namespaces=[ns], **kwargs).start()
+
+
+def passes() -> float:
+    """Passes the operators of this process completed (rtj_reconcile_passes_total{outcome="ok"}: each
+    looked at the world, decided, acted and wrote status)."""
+    return prometheus_client.REGISTRY.get_sample_value("rtj_reconcile_passes_total", {"outcome": "ok"}) or 0.0
+
+
+def wait_passes(n: int, what: str, timeout: float | None = None) -> None:
+    """Until the operator completed `n` more passes: what a test waits for before it asserts that
+    nothing changed (the operator looked and did nothing), instead of sleeping. The first of them may
+    have begun before the call, so `n` >= 2 for one that saw the world as it is now. A quiet job gets a
+    pass a second (start_operator's max_requeue); passes of the test's other jobs count too."""
+    target = passes() + n
+    wait_until(lambda: passes() >= target, timeout=timeout or 10.0 + 2 * n, what=f"{n} passes: {what}",
+               interval=0.05)
 
 
 @pytest.fixture

@@ -229,10 +229,10 @@ def test_chaos_never_charges_the_platforms_faults_to_the_job(chaos: Chaos, clust
                 getattr(chaos, action)()
             else:
                 getattr(chaos, action)(job)
+            # The platform's pace (a time wait: nodes are judged lost by time), the invariants checked meanwhile.
             deadline = time.monotonic() + chaos.rng.uniform(4, 10)
-            while time.monotonic() < deadline:
-                chaos.check()
-                time.sleep(1)
+            wait_until(lambda d=deadline: (chaos.check(), time.monotonic() >= d)[1], timeout=15,
+                       what="the step's dwell", interval=1)
         # The platform heals: every node back and uncordoned, every job resumed; all converge to Running.
         while chaos.lost:
             chaos.fence_or_restore()

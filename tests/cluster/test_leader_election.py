@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clusterkit import Job, start_operator
+from clusterkit import Job, start_operator, wait_passes
 from rtj_dev.operator_thread import OperatorThread
 from rtj_operator.kube import Kube, KubeError, configure
 from rtj_operator.leader import LeaderElector, Timing
@@ -172,7 +172,9 @@ def test_a_leader_stalled_mid_recovery_hands_over_and_the_fault_is_counted_once(
                    what="the follower's new gang")
         st = rtj.wait_running(nodes=2, timeout=60)
         release.set()  # the stalled delete goes through now: a 409 on its precondition, nothing deleted
-        time.sleep(2 * TIMING.retry)
+        wait_until(lambda: a.runtime.queue.pending((ns, rtj.name)) != "processing", timeout=30,
+                   what="the stalled pass of a ended")
+        wait_passes(2, "passes of b after it")
         job = rtj.job()
         assert job and job["metadata"]["uid"] != old_job and not job["metadata"].get("deletionTimestamp"), job
         st = rtj.status()

@@ -3,10 +3,9 @@ garbage collector, scheduler; kwok kubelets), authenticated as the chart's Servi
 
 from __future__ import annotations
 
-import prometheus_client
 import pytest
 
-from clusterkit import Job
+from clusterkit import Job, wait_passes
 from rtj_operator import api
 from rtj_operator.kube import KubeError
 from testkit import wait_until
@@ -293,10 +292,6 @@ def test_objects_it_did_not_create_are_never_taken_over(rtj, kube, ns, operator,
         assert after["spec"]["selector"] == {"app": "theirs"} and after["spec"]["ports"][0]["port"] == 80
 
 
-def passes() -> float:
-    return prometheus_client.REGISTRY.get_sample_value("rtj_reconcile_seconds_count") or 0.0
-
-
 def test_a_steady_state_pass_makes_no_read_request(rtj, kube, ns, operator):
     """Issue 20.2: passes read the RTJ, its Job, Service, PVC, pods and nodes from the watch-fed
     stores; with 1000 jobs a GET or LIST per pass was most of what a pass cost."""
@@ -304,8 +299,7 @@ def test_a_steady_state_pass_makes_no_read_request(rtj, kube, ns, operator):
     rtj.wait_running()
     calls: list[tuple[str, str]] = []
     operator.kube._on_call = lambda verb, kind: calls.append((verb, kind))
-    before = passes()
-    wait_until(lambda: passes() >= before + 5, what="5 passes (max_requeue 1 s)")
+    wait_passes(5, "steady state")
     assert calls == [], calls
     # What the stores serve is current: a failure is counted from the watch alone.
     rtj.exit_pod(rtj.running_pods()[0], 1)

@@ -6,10 +6,12 @@ the difference. tests/e2e/test_e2e.py runs the same with real ft_launcher proces
 
 from __future__ import annotations
 
+import datetime
 import time
 
-from clusterkit import Job
+from clusterkit import Job, wait_passes
 from rtj_operator import api
+from rtj_operator.conditions import parse_time
 from rtj_worker import exit_codes
 from testkit import wait_until
 
@@ -51,7 +53,7 @@ def test_suspend_and_resume_charge_nothing_and_keep_every_counter(rtj, kube, ns,
     rtj.wait_phase("Suspended", timeout=30)
     wait_until(lambda: not [p for p in rtj.pods() if p["status"].get("phase") in ("Pending", "Running")],
                timeout=30, what="the pods gone")
-    time.sleep(2)
+    wait_passes(3, "passes of the suspended job")
     assert counters(rtj.status()) == before, rtj.status()
     rtj.patch({"suspend": False})
     st = rtj.wait_running(nodes=2, timeout=60)
@@ -95,7 +97,8 @@ def test_a_pod_whose_deletion_never_completes_is_reported_and_not_forced(rtj, ku
     cond = wait_until(lambda: rtj.condition("WaitingForPodTermination") if rtj.condition(
         "WaitingForPodTermination").get("status") == "True" else None, timeout=30, what="WaitingForPodTermination")
     assert name in cond["message"] and node in cond["message"] and cond["reason"] == "PodStuckTerminating"
-    time.sleep(3)
+    # The condition says terminatingTimeoutSeconds has passed: later passes still force nothing.
+    wait_passes(3, "passes past the terminating timeout")
     index = victim["metadata"]["annotations"][INDEX]
     assert [p["metadata"]["uid"] for p in rtj.pods() if p["metadata"]["annotations"][INDEX] == index] == [
         victim["metadata"]["uid"]]
@@ -148,7 +151,11 @@ def test_a_coordinator_with_no_node_keeps_its_gang_gated_waits_visibly_and_is_ch
     cond = wait_until(lambda: c if (c := rtj.condition("WaitingForCapacity")).get("status") == "True" else None,
                       timeout=40, what="WaitingForCapacity")
     assert cond["reason"] == "CoordinatorUnschedulable" and "nodes are available" in cond["message"], cond
-    time.sleep(12)  # past rendezvousTimeoutSeconds
+    # Past rendezvousTimeoutSeconds (10, the least allowed) from the Job's creation, when gated pods of a
+    # coordinator that has a node go anyway; then passes that looked at the world after it.
+    created = parse_time(rtj.job()["metadata"]["creationTimestamp"])
+    time.sleep(max(0.0, (created - datetime.datetime.now(datetime.UTC)).total_seconds() + 10 + 1))
+    wait_passes(2, "passes past rendezvousTimeoutSeconds")
     pods = rtj.pods()
     assert len(pods) == 2 and all(not p["spec"].get("nodeName") and any(
         g["name"] == api.SCHEDULING_GATE for g in p["spec"].get("schedulingGates") or []) for p in pods), pods

@@ -10,8 +10,9 @@ import urllib.request
 
 import prometheus_client
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from clusterkit import start_operator
+from clusterkit import start_operator, wait_passes
 from rtj_operator import api, ladder
 from rtj_operator.kube import KubeError
 from rtj_worker import exit_codes
@@ -44,7 +45,10 @@ def test_lost_node_replaces_only_its_pod_and_counts_a_disruption(rtj, kube, ns, 
         "status") == "True" else None, timeout=30, what="WaitingForFencing")
     assert waiting["reason"] == "NodeNotFenced" and node in waiting["message"] and victim["metadata"]["name"] in \
         waiting["message"]
-    time.sleep(FAST["terminatingTimeoutSeconds"] + 2)
+    # On a lost node nothing is timed (terminatingTimeoutSeconds counts from the deletionTimestamp, the
+    # end of the pods' 120 s grace period, and only on a node that is not lost): passes that looked at
+    # the unfenced node force nothing, so the Job controller has no second pod of the index to make.
+    wait_passes(3, "passes that see the unfenced node")
     same_index = [p for p in rtj.pods() if p["metadata"]["annotations"].get(
         "batch.kubernetes.io/job-completion-index") == index]
     assert [p["metadata"]["uid"] for p in same_index] == [victim["metadata"]["uid"]]  # never two of one index
@@ -94,7 +98,7 @@ def test_an_eviction_is_counted_as_a_disruption_while_terminating(rtj, kube, ns,
     wait_until(lambda: rtj.status().get("disruptions") == 1, what="disruption counted")
     st = rtj.wait_running(nodes=2, timeout=60)
     assert st["disruptions"] == 1 and st["jobRestarts"] == 0 and st["lastFailureReason"] == "EvictionByEvictionAPI"
-    time.sleep(1)
+    wait_passes(2, "passes after the recovery")
     assert rtj.status()["disruptions"] == 1
 
 
@@ -127,7 +131,7 @@ def test_restart_budget_exhaustion_ends_failed_instead_of_looping(rtj, kube, ns,
     assert st["lastCheckpointStep"] == 20
     wait_until(lambda: rtj.job()["spec"]["suspend"] is True, what="Job suspended")
     # Terminal: later passes change nothing and restart nothing.
-    time.sleep(2)
+    wait_passes(3, "passes of the Failed job")
     assert rtj.status()["restarts"] == st["restarts"] and rtj.status()["phase"] == "Failed"
 
 
@@ -164,7 +168,7 @@ def test_progress_is_trusted_only_from_the_pods_own_report(rtj, kube, ns, operat
     rtj.exit_pod(rtj.running_pods()[1], 1, step=400)
     wait_until(lambda: rtj.status().get("lastCheckpointStep") == 400, what="step from the termination report")
     assert rtj.status()["lastCheckpointTime"].endswith("Z")
-    time.sleep(1)
+    wait_passes(2, "passes that see the forged annotation")
     assert rtj.status()["lastCheckpointStep"] == 400
 
 
@@ -185,7 +189,7 @@ def test_forged_pods_with_the_jobs_labels_are_not_counted(rtj, kube, ns, operato
         rtj.exit_pod(kube.get("Pod", f"forged-{i}", ns), 1, step=999)
     wait_until(lambda: all(kube.get("Pod", f"forged-{i}", ns)["status"]["phase"] == "Failed" for i in range(3)),
                what="forged pods failed")
-    time.sleep(2)
+    wait_passes(3, "passes that see the forged pods failed")
     st = rtj.status()
     assert st["phase"] == "Running" and st["jobRestarts"] == 0 and st["restarts"] == 0
     assert st.get("lastCheckpointStep", 0) != 999
@@ -233,7 +237,10 @@ def test_failed_rendezvous_recreates_the_whole_gang_once(rtj, kube, ns, operator
             rtj.exit_pod(pod, exit_codes.RENDEZVOUS_FAILED)
         except KubeError as exc:  # the first exit already made the operator recreate the gang
             assert exc.status == 404
-        time.sleep(1.5)
+        # The operator sees this exit (the pod Failed, or already deleted with the old gang) before the next.
+        wait_until(lambda p=pod: (kube.get("Pod", p["metadata"]["name"], ns) or {"status": {"phase": "Failed"}})[
+            "status"].get("phase") == "Failed", what="the rank's exit")
+        wait_passes(2, "passes that see the rank's exit")
     wait_until(lambda: (rtj.job() or {}).get("metadata", {}).get("uid") not in (None, old_uid), timeout=60,
                what="new Job")
     job = rtj.job()
@@ -309,8 +316,11 @@ def test_budgets_survive_an_operator_restart_and_deleted_children(rtj, kube, ns,
 
 
 def test_metrics_are_served_over_http(rtj, kube, ns, operator):
-    rtj.create()
+    rtj.create(restartBudget={"maxRestarts": 5})
     rtj.wait_running()
+    rtj.exit_pod(rtj.running_pods()[0], 1, step=123)  # what this test's own series must show
+    wait_until(lambda: rtj.status().get("lastCheckpointStep") == 123, what="step 123")
+    st = rtj.wait_running(nodes=2, timeout=60)  # recovered: rtj_recovery_seconds has a series of its own
     port = free_port()
     server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
     try:
@@ -319,6 +329,15 @@ def test_metrics_are_served_over_http(rtj, kube, ns, operator):
         server.shutdown()
         thread.join(5)
     assert 'rtj_jobs{phase="Running"}' in text
+    # Series of this test's own job (its namespace is new): the served registry is the live one.
+    ours = {(sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("namespace", "name")))):
+            sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.labels.get("namespace") == ns and sample.labels.get("name") == rtj.name}
+    assert ours[("rtj_job_phase", (("phase", "Running"),))] == 1.0, ours
+    assert ours[("rtj_job_checkpoint_step", ())] == 123.0, ours
+    assert ours[("rtj_job_nodes_ready", ())] == st["nodesReady"] == 2, ours
+    assert ours[("rtj_job_budget_remaining", (("budget", "maxRestarts"),))] == 4.0, ours
+    assert ours[("rtj_job_last_recovery_seconds", (("tier", "ReplacePod"),))] == st["lastRecoverySeconds"], ours
     for name in ("rtj_restarts_total", "rtj_recovery_seconds_bucket", "rtj_reconcile_seconds_bucket",
                  "rtj_reconcile_errors_total", "rtj_checkpoint_age_seconds"):
         assert name in text, name

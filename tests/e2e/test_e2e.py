@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterkit import Job, kubectl, worker_rbac
+from clusterkit import Job, kubectl, wait_passes, worker_rbac
 from rtj_dev.cpu_rtj import RESILIENCY, TOLERATIONS, cpu_rtj, shared_dir
 from rtj_dev.localcluster import LocalCluster
 from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes, resolve
@@ -405,7 +405,7 @@ def test_faults_beyond_the_budgets_fail_with_the_budget_reason(run: Run) -> None
     status = run.job.wait_phase("Failed", timeout=120)
     assert status["lastFailureReason"] == "RestartBudgetExhausted", status
     assert "restartBudget.maxRestarts=0" in status["lastFailureMessage"]
-    time.sleep(3)  # no loop: nothing new is created once Failed
+    wait_passes(3, "passes of the Failed job")  # no loop: nothing new is created once Failed
     assert {p["metadata"]["name"] for p in run.job.pods()} <= names
 
 
@@ -556,10 +556,19 @@ def test_a_partitioned_node_never_yields_two_processes_of_one_rank(run: Run, age
             "WaitingForFencing").get("status") == "True" else None, timeout=90, what="WaitingForFencing")
         assert agent.name in waiting["message"]
         step_then = max(e["step"] for e in run.timeline() if e["event"] == "step")
-        deadline = time.monotonic() + 40  # past every grace period and timeout the RTJ sets
-        while time.monotonic() < deadline:
-            assert len(live_processes_of_index(agents, run.ns, "1")) <= 1, live_processes_of_index(agents, run.ns, "1")
-            time.sleep(1)
+
+        def one_process_of_index_1_until(deadline: float) -> bool:
+            live = live_processes_of_index(agents, run.ns, "1")
+            assert len(live) <= 1, live
+            return time.monotonic() >= deadline
+
+        # A time wait: past every grace period and timeout the RTJ sets (and the 17 s after which a
+        # replacement came before), while the partitioned ranks keep training; then passes after it.
+        deadline = time.monotonic() + 40
+        wait_until(lambda: one_process_of_index_1_until(deadline), timeout=50, what="40 s of partition",
+                   interval=1)
+        wait_passes(2, "passes after 40 s of partition")
+        one_process_of_index_1_until(0)
         # The ranks kept training all along: the control plane lost the node, the job did not.
         assert max(e["step"] for e in run.timeline() if e["event"] == "step") > step_then
         assert run.job.status().get("jobRestarts", 0) == 0

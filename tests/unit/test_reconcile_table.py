@@ -341,9 +341,14 @@ def test_reconcile_does_not_touch_its_world():
     w = W()
     w.world.pods[1] = pod(1, "Failed", code=1)
     before = copy.deepcopy(w.world)
-    reconcile(w.world, NOW)
+    tables = {name: getattr(ladder, name) for name in ("FINDINGS", "CONSEQUENCES", "REASON_CONSEQUENCES",
+                                                       "CHARGE_ORDER", "EXIT_CODES", "WAITING_GRACE", "JOB_VERDICTS")}
+    tables_before = copy.deepcopy(tables)
+    intent = reconcile(w.world, NOW)
+    assert intent.status.phase == "Restarting"  # the failure was classified: the tables were read
     assert w.world == before
-    assert ladder.FINDINGS  # the tables are module data, not state
+    # The tables are module data, not state: a pass leaves them as it found them.
+    assert {name: getattr(ladder, name) for name in tables} == tables_before
 
 
 # --- capacity ------------------------------------------------------------------------------------------

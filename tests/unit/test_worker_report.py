@@ -5,7 +5,6 @@ in tests/e2e. The log lines are ft_launcher's own, as NVRx 0.4.1 and 0.6 print t
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from rtj_worker.report import (
     Tracker,
     token_claims,
 )
+from testkit import wait_until
 
 PID = 4242  # the launcher's
 
@@ -355,9 +355,7 @@ def test_without_a_token_the_ranks_are_still_followed_as_they_go(tmp_path: Path)
             if step % 10 == 0:
                 for ranks in pod.ranks:
                     ranks.commit(step)
-        deadline = time.monotonic() + 10
-        while pod.tracker.report()["step"] != 25 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: pod.tracker.report()["step"] == 25, timeout=10, what="step 25 tracked", interval=0.01)
         pod.line(KILLED)
         pod.line(FAILED)
         pod.start(step=20)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rtj_worker import checkpoint, ckpt_index
 from rtj_worker.checkpoint import Checkpointer, agree_min, collective_device
 from rtj_worker.ckpt_index import MARKER, complete_steps, step_dir
-from testkit import free_port
+from testkit import free_port, wait_until
 
 
 @pytest.fixture
@@ -287,10 +287,7 @@ class GatedWriter(checkpoint.ShardWriter):
         self.gate = gate
 
     def write_data(self, plan, planner):
-        deadline = time.monotonic() + 90
-        while not os.path.exists(self.gate):
-            assert time.monotonic() < deadline, "the gate never opened"
-            time.sleep(0.05)
+        wait_until(lambda: os.path.exists(self.gate), timeout=90, what="the gate to open", interval=0.05)
         return super().write_data(plan, planner)
 
 
@@ -298,10 +295,7 @@ def _writer_pid(timeout: float = 60) -> int:
     """This rank's writer process, once torch has spawned it and its world is up."""
     from torch.distributed.checkpoint import _async_process_executor as ape
 
-    deadline = time.monotonic() + timeout
-    while ape._CHECKPOINT_PROCESS is None:
-        assert time.monotonic() < deadline, "no writer process"
-        time.sleep(0.05)
+    wait_until(lambda: ape._CHECKPOINT_PROCESS is not None, timeout=timeout, what="the writer process", interval=0.05)
     return ape._CHECKPOINT_PROCESS._save_process.pid
 
 
@@ -477,10 +471,7 @@ def test_a_writer_process_ends_with_its_rank(tmp_path):
         assert line, rank0.communicate()[0]
         writer = json.loads(line[len("RESULT "):])["pids"][0]
         assert rank0.wait(60) == -signal.SIGKILL
-        deadline = time.monotonic() + 10
-        while _alive(writer):
-            assert time.monotonic() < deadline, "the dead rank's writer process is still running"
-            time.sleep(0.1)
+        wait_until(lambda: not _alive(writer), timeout=10, what="the dead rank's writer process to end")
     finally:
         for proc in (rank0, rank1):
             if proc.poll() is None:

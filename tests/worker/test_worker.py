@@ -21,7 +21,7 @@ import pytest
 from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
 from rtj_worker.launch import NO_PROGRESS_LINE, training_command
-from testkit import free_port
+from testkit import free_port, wait_until
 
 STEPS = 60
 HEARTBEAT = 15  # seconds; above the ~10 s an in-process restart takes on CPU with gloo
@@ -502,14 +502,6 @@ def _steps(node: local.LocalNode) -> int:
     return max((e["step"] for e in node.timeline() if e["event"] == "step"), default=0)
 
 
-def _wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
-
-
 def _sigterm(node: local.LocalNode, timeout: float = 150) -> tuple[local.LocalRun, float]:
     sent = time.monotonic()
     node.proc.send_signal(signal.SIGTERM)
@@ -520,7 +512,7 @@ def _sigterm(node: local.LocalNode, timeout: float = 150) -> tuple[local.LocalRu
 def test_sigterm_while_waiting_for_node_0s_name_exits_143_at_once(tmp_path):
     node = local.start(tmp_path, [], NODE_RANK="1", NNODES="2", RTJ_NNODES="2:2",
                        RTJ_RDZV_ENDPOINT="train-0.train.nowhere.invalid:29400", RTJ_RDZV_TIMEOUT="600")
-    _wait_for(lambda: "to resolve" in (tmp_path / "worker.log").read_text(), 30, "the DNS wait")
+    wait_until(lambda: "to resolve" in (tmp_path / "worker.log").read_text(), 30, what="the DNS wait")
     run_, seconds = _sigterm(node)
     assert run_.code == exit_codes.SIGTERM, run_.log[-3000:]
     assert run_.report["exitCode"] == exit_codes.SIGTERM
@@ -531,7 +523,7 @@ def test_sigterm_while_waiting_for_node_0s_name_exits_143_at_once(tmp_path):
 @pytest.mark.nvrx041
 def test_sigterm_during_the_rendezvous_exits_143(tmp_path):
     node = local.start(tmp_path, ["--steps", "5"], NNODES="2", RTJ_NNODES="2:2")  # node 1 never comes
-    _wait_for(lambda: "attempts to join" in (tmp_path / "worker.log").read_text(), 60, "the rendezvous")
+    wait_until(lambda: "attempts to join" in (tmp_path / "worker.log").read_text(), 60, what="the rendezvous")
     time.sleep(1)
     run_, _ = _sigterm(node)
     assert run_.code == exit_codes.SIGTERM, run_.log[-3000:]
@@ -544,7 +536,7 @@ def test_sigterm_with_ranks_training_saves_the_step_reached_and_exits_143(tmp_pa
     step 1000) and exit; a new pod resumes from it and ends with the fault-free weights."""
     args = ["--steps", str(STEPS), "--step-seconds", "0.3"]
     node = local.start(tmp_path, args, heartbeat=HEARTBEAT, RTJ_CHECKPOINT_INTERVAL="1000")
-    at_signal = _wait_for(lambda: (s := _steps(node)) >= 15 and s, 120, "step 15")
+    at_signal = wait_until(lambda: (s := _steps(node)) >= 15 and s, 120, what="step 15")
     run_, _ = _sigterm(node)
     assert run_.code == exit_codes.SIGTERM, run_.log[-3000:]
     assert run_.report["reason"].startswith("received SIGTERM with ranks running: they were asked to save")
@@ -562,7 +554,7 @@ def test_sigterm_during_an_in_process_restart_exits_143_at_once(tmp_path):
     """Mid-restart no rank can save: each ends at once rather than waiting for the launcher's SIGKILL."""
     node = local.start(tmp_path, ["--steps", str(STEPS), "--step-seconds", "0.05", "--fault", "1:25:exc"],
                        heartbeat=HEARTBEAT)
-    _wait_for(lambda: any(e["event"] == "fault" for e in node.timeline()), 120, "the fault")
+    wait_until(lambda: any(e["event"] == "fault" for e in node.timeline()), 120, what="the fault")
     time.sleep(1)  # rank 1 is in the wrapper's restart, rank 0 in its failing collective
     run_, _ = _sigterm(node)
     assert run_.code == exit_codes.SIGTERM, run_.log[-3000:]
@@ -584,7 +576,7 @@ def _two_nodes(tmp_path: Path, nnodes: str, first: dict[str, Any], second: dict[
     env = {"ranks": 1, "NNODES": nnodes.split(":")[0], "RTJ_NNODES": nnodes, "RTJ_RDZV_TIMEOUT": "60",
            "RTJ_RDZV_ENDPOINT": f"127.0.0.1:{local.free_port()}", "heartbeat": HEARTBEAT, **env}
     node0 = local.start(tmp_path, name="-0", NODE_RANK="0", **first, **env)
-    _wait_for(lambda: "starting workers" in (tmp_path / "worker-0.log").read_text(), 60, "node 0's launcher")
+    wait_until(lambda: "starting workers" in (tmp_path / "worker-0.log").read_text(), 60, what="node 0's launcher")
     return node0, local.start(tmp_path, name="-1", NODE_RANK="1", **second, **env)
 
 
@@ -615,7 +607,7 @@ def test_losing_node_0_is_reported_as_rendezvous_host_lost(tmp_path):
     """NVRx 0.4.1's launcher reports RendezvousConnectionError, 0.6's DistNetworkError."""
     args = {"train_args": ["--steps", "400", "--step-seconds", "0.05"]}
     node0, node1 = _two_nodes(tmp_path, "2:2", args, args, RTJ_FT_MAX_RESTARTS="1")
-    _wait_for(lambda: _steps(node1) >= 15, 180, "training")
+    wait_until(lambda: _steps(node1) >= 15, 180, what="training")
     node0.kill()  # the node is lost: the entrypoint, its launcher (the store) and its rank
     run_ = node1.wait(240)
     assert run_.code == exit_codes.RENDEZVOUS_HOST_LOST, run_.log[-3000:]
@@ -703,7 +695,8 @@ def _gang(tmp_path: Path, nnodes: str, count: int, steps: int = 400, ranks: int 
     env = {"ranks": ranks, "NNODES": nnodes.split(":")[0], "RTJ_NNODES": nnodes, "RTJ_RDZV_TIMEOUT": str(rdzv_timeout),
            "RTJ_RDZV_ENDPOINT": f"127.0.0.1:{port}", "RTJ_COORDINATOR": "1", "heartbeat": HEARTBEAT,
            "RTJ_FT_MAX_RESTARTS": "3"}
-    _wait_for(lambda: "serving the rendezvous" in (tmp_path / "coordinator.log").read_text(), 60, "the coordinator")
+    wait_until(lambda: "serving the rendezvous" in (tmp_path / "coordinator.log").read_text(), 60,
+               what="the coordinator")
     nodes = [local.start(tmp_path, ["--steps", str(steps), "--step-seconds", str(step_seconds)], name=f"-{i}",
                          NODE_RANK=str(i), **env) for i in range(count)]
     return coordinator, nodes
@@ -727,7 +720,7 @@ def test_with_the_coordinator_losing_node_0_is_like_losing_any_node(tmp_path):
     the rendezvous (no exit 72), and a new node 0 joins it; training ends with the fault-free weights."""
     coordinator, (node0, node1) = _gang(tmp_path, "2:2", 2, steps=STEPS, ranks=2, step_seconds=0.15)
     try:
-        _wait_for(lambda: _steps(node1) >= 15, 180, "training")
+        wait_until(lambda: _steps(node1) >= 15, 180, what="training")
         node0.kill()
         time.sleep(3)
         assert node1.proc.poll() is None, node1.wait(1).log[-3000:]  # still there: it lost a peer, not the store
@@ -749,7 +742,7 @@ def test_a_survivor_whose_lost_peer_is_not_replaced_exits_rendezvous_failed(tmp_
     timed out for want of peers: 71, which the operator excuses while the lost node's fault is recovered."""
     coordinator, (node0, node1) = _gang(tmp_path, "2:2", 2, steps=400, rdzv_timeout=20)
     try:
-        _wait_for(lambda: _steps(node1) >= 5, 180, "training")
+        wait_until(lambda: _steps(node1) >= 5, 180, what="training")
         node0.kill()
         run_ = node1.wait(150)
         assert run_.code == exit_codes.RENDEZVOUS_FAILED, run_.log[-3000:]
@@ -766,7 +759,7 @@ def test_a_stopped_pod_never_leaves_its_peers_training_in_a_smaller_world(tmp_pa
     to ft_launcher, whose next round waits for the replacement: the fault-free weights."""
     coordinator, (node0, node1) = _gang(tmp_path, "2:2", 2, steps=STEPS, step_seconds=0.15)
     try:
-        _wait_for(lambda: _steps(node0) >= 15 and _steps(node1) >= 15, 180, "training")
+        wait_until(lambda: _steps(node0) >= 15 and _steps(node1) >= 15, 180, what="training")
         stopped_at = time.time()
         node1.proc.send_signal(signal.SIGTERM)
         assert node1.wait(60).code == exit_codes.SIGTERM
@@ -802,13 +795,13 @@ def test_a_hot_spare_takes_over_a_lost_node_before_any_new_pod_exists(tmp_path, 
         pytest.skip("hot spares need NVRx 0.6's barrier rendezvous (see the next test)")
     coordinator, nodes = _gang(tmp_path, "2:3", 3, steps=STEPS, step_seconds=0.15)
     try:
-        active = _wait_for(lambda: [n for n in nodes if _trains(n)] if len([n for n in nodes if _trains(n)]) == 2
-                           else None, 180, "two active nodes and a spare")
+        active = wait_until(lambda: [n for n in nodes if _trains(n)] if len([n for n in nodes if _trains(n)]) == 2
+                            else None, 180, what="two active nodes and a spare")
         spare = next(n for n in nodes if n not in active)
-        _wait_for(lambda: _steps(active[0]) >= 15, 180, "training")
+        wait_until(lambda: _steps(active[0]) >= 15, 180, what="training")
         lost_at = time.time()
         active[0].kill()
-        _wait_for(lambda: _trains(spare), 120, "the spare training")
+        wait_until(lambda: _trains(spare), 120, what="the spare training")
         runs = [n.wait(240) for n in nodes if n is not active[0]]
         assert [r.code for r in runs] == [0, 0], runs[0].log[-3000:]
         # The lost node's fault is the operator's to count: neither the survivor nor the spare counts one.
