@@ -25,7 +25,7 @@ demo: setup tools nvrx06 ## Real training under the operator, one fault per reco
 # hack/tiers.py (wall and CPU seconds; `make tiers-table` prints them) and printing its slowest tests.
 # The pods on the node agents and the worker tier run NVRx 0.6, the production image's version; the
 # `nvrx041` subset runs again against the venv's 0.4.1 (the reference benchmark's version).
-TIER = $(PY) hack/tiers.py run
+TIER = $(PYTHON) hack/tiers.py run
 PYTEST = $(PY) -m pytest --durations=15 --durations-min=2
 
 test: setup tools lint nvrx06 ## Lint and run every tier, two lanes at once (the local control plane, the real Kueue; NVRx 0.6)
@@ -123,7 +123,7 @@ bench-goodput: setup tools nvrx06 ## The reference's recovery modes and three no
 	$(WITH_KUBE) $(PY) bench/goodput.py
 
 images: ## Build and smoke-test both images without a registry (root; installs/starts Debian's docker.io)
-	hack/images/build.sh
+	$(TIER) images -- hack/images/build.sh
 
 bench-checkpoint: setup ## Step time and efficiency with sync, thread and process checkpoint writers (throttled volume)
 	PYTHONPATH=operator:worker $(PY) bench/checkpoint_efficiency.py

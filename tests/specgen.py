@@ -1,33 +1,29 @@
-"""Property: a generated spec is rejected with a message naming the field, or every child it yields is valid.
+"""RTJ specs generated for the fuzz tests, and the checks kube-apiserver makes on the children.
 
-Valid means what kube-apiserver accepts: the upstream OpenAPI schemas (kubernetes-validate, strict) and
-`server_side_errors`, an independent transcription of the checks in k8s.io/kubernetes/pkg/apis/*/validation
-that the OpenAPI does not express (names, labels, quantities, ports, env, tolerations, affinity, resources).
-`test_children_pass_server_side_dry_run` feeds the same generator to a real API server (RTJ_KUBECONFIG).
+`bodies` and `pod_bodies` generate specs, hostile and plausible; `check(body)` asserts the property (a
+rejection names the field, or every child the operator builds is valid). Valid means what kube-apiserver
+accepts: the upstream OpenAPI schemas (kubernetes-validate, strict) and `server_side_errors`, an
+independent transcription of the checks in k8s.io/kubernetes/pkg/apis/*/validation that the OpenAPI does
+not express (names, labels, quantities, ports, env, tolerations, affinity, resources). Used by
+tests/unit/test_fuzz_spec.py (the property, no cluster) and tests/cluster/test_fuzz_spec_server.py (the
+same generator against a real API server).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import shutil
-import subprocess
 from collections import Counter
 from typing import Any
 
 import kubernetes_validate
 import kubernetes_validate.utils
-import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, settings
 from hypothesis import strategies as st
-from pod_examples import FULL_POD
 
 from rtj_operator import api
 from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
 from rtj_operator.spec import RTJ, parse_quantity, schema_errors, semantic_errors
-from testkit import ROOT
 
 K8S_VERSIONS = ("1.33.0", "1.37.0")
 SETTINGS = settings(max_examples=800, deadline=None, database=None,
@@ -361,39 +357,6 @@ def server_side_errors(manifest: dict[str, Any]) -> list[str]:
     return errors
 
 
-def test_server_side_rules_catch_what_the_issue_reported():
-    """The transcribed rules reject the children of the specs in issue 9 item 2 (built without spec.py)."""
-    from testkit import rtj_body
-
-    def child_errors(name: str = "train", **spec: Any) -> list[str]:
-        return [e for m in children_for_spec(rtj_body(name=name, **spec)) for e in server_side_errors(m)]
-
-    assert child_errors() == []
-    assert child_errors("70b-run") and child_errors("llama.v2")
-    assert child_errors(placement={"nodeSelector": {"team": "ml research"}})
-    assert child_errors(placement={"instanceType": "p5 48xlarge"})
-    assert child_errors(image=" worker:1")
-    assert child_errors(serviceAccountName="Trainer") and child_errors(priorityClassName="a..b")
-    assert child_errors(storage={"storageClassName": "fsx-sc", "size": "0"})
-    assert child_errors(env=[{"value": "x"}]) and child_errors(env=[{"name": "A", "value": 64}])
-    assert child_errors(placement={"tolerations": [{"operator": "Equal", "value": "x"}]})
-    assert child_errors(resiliency={"rendezvousPort": 65534})
-    # Issue 18.4: the pod template's parts, as the API server would see them.
-    assert child_errors(pod={"volumeMounts": [{"name": "missing", "mountPath": "/x"}]})
-    assert child_errors(pod={"volumes": [{"name": "data"}]})
-    assert child_errors(pod={"volumes": [{"name": "dshm", "emptyDir": {}}]})
-    assert child_errors(pod={"initContainers": [{"name": "worker", "image": "i"}]})
-    assert child_errors(pod={"annotations": {"bad key": "x"}}) and child_errors(pod={"schedulerName": "Bad"})
-    assert child_errors(pod={"initContainers": [{"name": "s", "image": "i", "ports": [{"containerPort": 1,
-                                                                                   "name": "a--b"}]}]})
-    assert child_errors(pod={"volumes": [{"name": "d", "emptyDir": {}}],
-                             "volumeMounts": [{"name": "d", "mountPath": "/checkpoints"}]})
-    assert child_errors(pod={"volumes": [{"name": "v", "hostPath": {"path": "/a/../b"}}]})
-    assert child_errors(pod={"volumes": [{"name": "s", "secret": {"secretName": "s", "items": [
-        {"key": "k", "path": "../x"}]}}]})
-    assert child_errors(pod=FULL_POD) == []
-
-
 # --- The generator ---------------------------------------------------------------------------------
 
 def maybe(hostile: st.SearchStrategy, plausible: st.SearchStrategy) -> st.SearchStrategy:
@@ -668,107 +631,3 @@ def check(body: dict[str, Any], seen: Counter) -> None:
             kubernetes_validate.validate(manifest, version, strict=True)
         assert server_side_errors(manifest) == [], (manifest["kind"], json.dumps(body["spec"])[:2000])
 
-
-@pytest.fixture
-def cached_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kubernetes-validate reads its JSON schemas from disk on every call: 3/4 of this test's time."""
-    monkeypatch.setattr(kubernetes_validate.utils, "schema_contents",
-                        functools.cache(kubernetes_validate.utils.schema_contents))
-
-
-def test_every_spec_is_rejected_clearly_or_yields_valid_children(cached_schemas: None):
-    seen: Counter = Counter()
-
-    @SETTINGS
-    @with_issue_examples
-    @given(bodies)
-    def run(body: dict[str, Any]) -> None:
-        check(body, seen)
-
-    run()
-    # The generator must reach both outcomes, or the property says little.
-    assert seen["accepted"] >= 10 and seen["rejected"] >= 10, seen
-
-
-def test_every_spec_pod_is_rejected_clearly_or_yields_valid_children(cached_schemas: None):
-    """spec.pod on an otherwise plausible spec: in `bodies` the rest of a large spec is nearly always
-    rejected first, so the pod template's own outcomes get a run of their own."""
-    seen: Counter = Counter()
-
-    @settings(SETTINGS, max_examples=400)
-    @given(pod_bodies)
-    def run(body: dict[str, Any]) -> None:
-        check(body, seen)
-
-    run()
-    assert seen["accepted"] >= 50 and seen["rejected"] >= 50, seen
-
-
-# --- The same generator against a real API server ----------------------------------------------
-
-def kubectl() -> str:
-    found = os.environ.get("RTJ_KUBECTL") or shutil.which("kubectl") or str(ROOT / ".tools" / "bin" / "kubectl")
-    if not os.path.exists(found):
-        pytest.skip("no kubectl (set RTJ_KUBECTL)")
-    return found
-
-
-def dry_run(kubeconfig: str, verb: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess:
-    return subprocess.run([kubectl(), "--kubeconfig", kubeconfig, verb, "--dry-run=server",
-                           "-o", "name", "-f", "-"], input=json.dumps(manifest), capture_output=True, text=True,
-                          timeout=60)
-
-
-@pytest.mark.cluster
-def test_children_pass_server_side_dry_run(cluster, ns):
-    """Accepted specs: every child passes `kubectl create --dry-run=server` on the local control plane
-    (the real kube-apiserver, with the chart's CRD). And the CRD agrees with schema_errors: the server
-    accepts the RTJ whenever spec.py does, and rejects it when the schema does."""
-    namespace, kubeconfig = ns, str(cluster.kubeconfig)
-
-    @settings(max_examples=int(os.environ.get("RTJ_FUZZ_EXAMPLES", "15")), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @with_issue_examples
-    @given(bodies)
-    def run(body: dict[str, Any]) -> None:
-        server_agrees(kubeconfig, namespace, body)
-
-    run()
-
-    @settings(max_examples=int(os.environ.get("RTJ_FUZZ_POD_EXAMPLES", "10")), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @example(issue_example(pod=FULL_POD))
-    @given(pod_bodies)
-    def run_pods(body: dict[str, Any]) -> None:
-        server_agrees(kubeconfig, namespace, body)
-
-    run_pods()
-
-
-def referenced(kubeconfig: str, namespace: str, spec: dict[str, Any]) -> None:
-    """The objects a spec names and the pod admission plugins look up (Priority, ServiceAccount): a pod
-    naming one that does not exist is refused, a Job's template is not. That case is the operator's
-    to report (tests/cluster/test_operator.py); here the children themselves are on trial."""
-    names = {"PriorityClass": spec.get("priorityClassName"), "ServiceAccount": spec.get("serviceAccountName")}
-    for kind, name in names.items():
-        if isinstance(name, str) and name:
-            obj = ({"apiVersion": "scheduling.k8s.io/v1", "kind": kind, "metadata": {"name": name}, "value": 1000}
-                   if kind == "PriorityClass" else
-                   {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": namespace}})
-            subprocess.run([kubectl(), "--kubeconfig", kubeconfig, "apply", "-f", "-"], input=json.dumps(obj),
-                           capture_output=True, text=True, timeout=60, check=True)
-
-
-def server_agrees(kubeconfig: str, namespace: str, body: dict[str, Any]) -> None:
-    body["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
-    rtj = dry_run(kubeconfig, "apply", body)
-    if schema_errors(body):
-        assert rtj.returncode != 0, f"the API server accepted what schema_errors rejects: {body}"
-        return
-    if semantic_errors(RTJ.from_body(body)):
-        return  # the operator reports InvalidSpec; the CRD may or may not have caught it
-    assert rtj.returncode == 0, rtj.stderr
-    referenced(kubeconfig, namespace, body["spec"])
-    for manifest in children_for_spec(body):
-        result = dry_run(kubeconfig, "create", manifest)
-        assert result.returncode == 0, (manifest["kind"], result.stderr, json.dumps(body["spec"]))
