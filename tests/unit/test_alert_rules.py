@@ -1,7 +1,8 @@
 """The chart's PrometheusRule (metrics.prometheusRule) with `promtool test rules`: each alert fires on
-the series the operator exports for a job in trouble, names that job, and stays quiet for a healthy
-one. promtool is built from the Prometheus Go module by hack/promtool/build.sh (cached; set
-RTJ_PROMTOOL_BIN to its folder)."""
+the series the operator exports for a job in trouble (as it exports them: a job's restart counters from 0,
+its conditions' current reasons, the replicas' scrape labels), names that job, and stays quiet for a
+healthy one; each can be switched off alone and links its runbook section. promtool is built from the
+Prometheus Go module by hack/promtool/build.sh (cached; set RTJ_PROMTOOL_BIN to its folder)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,21 @@ def condition(type_: str, reason: str, values: str, job: str = JOB) -> dict[str,
     return {"series": f'rtj_job_condition{{{job}, type="{type_}", reason="{reason}"}}', "values": values}
 
 
+def waits(alert: str, minutes: int, severity: str, summary: str, description: str) -> list[dict]:
+    """Quiet a minute before `minutes`, firing a minute after, naming the job."""
+    return [{"eval_time": f"{minutes - 1}m", "alertname": alert, "exp_alerts": []},
+            {"eval_time": f"{minutes + 1}m", "alertname": alert, "exp_alerts": [{
+                "exp_labels": {**LABELS, "severity": severity},
+                "exp_annotations": notes(alert, f"RTJ team-a/llama: {summary}", description)}]}]
+
+
+STORM = {"alertname": "RTJRestartStorm", "exp_alerts": [{
+    "exp_labels": {**LABELS, "severity": "warning"},
+    "exp_annotations": notes("RTJRestartStorm", "RTJ team-a/llama: more than 5 restarts in 30m",
+                             "Restarts of every tier, the pods' own included; `kubectl describe rtj` and "
+                             "status.restartCounts say why.")}]}
+
+
 def running(minutes: int = 60, phase: str = "Running") -> list[dict[str, str]]:
     return [{"series": f'rtj_jobs{{phase="{phase}"}}', "values": f"1x{minutes}"},
             {"series": f'rtj_job_phase{{{JOB}, phase="{phase}"}}', "values": f"1x{minutes}"}]
@@ -78,23 +94,13 @@ TESTS = [
         "input_series": [*running(),
                          *charged(JOB, {("InProcess", "job"): "0 0 2 4 6 6 6 6 6 6 6"}),
                          *charged('namespace="team-a", name="calm"', {("Launcher", "job"): "0 0 1 2 3 3 3 3 3 3 3"})],
-        "alert_rule_test": [{"eval_time": "6m", "alertname": "RTJRestartStorm", "exp_alerts": [{
-            "exp_labels": {**LABELS, "severity": "warning"},
-            "exp_annotations": notes(
-                "RTJRestartStorm", "RTJ team-a/llama: more than 5 restarts in 30m",
-                "Restarts of every tier, the pods' own included; `kubectl describe rtj` and status.restartCounts "
-                "say why.")}]}],
+        "alert_rule_test": [{"eval_time": "6m", **STORM}],
     },
     {  # the first restarts at once, 6 between two scrapes, and across tiers and payers: counted too
         "interval": "1m",
         "input_series": [*running(), *charged(JOB, {("ReplacePod", "platform"): "0 0 4x10",
                                                    ("GangRestart", "job"): "0 0 2x10"})],
-        "alert_rule_test": [{"eval_time": "3m", "alertname": "RTJRestartStorm", "exp_alerts": [{
-            "exp_labels": {**LABELS, "severity": "warning"},
-            "exp_annotations": notes(
-                "RTJRestartStorm", "RTJ team-a/llama: more than 5 restarts in 30m",
-                "Restarts of every tier, the pods' own included; `kubectl describe rtj` and status.restartCounts "
-                "say why.")}]}],
+        "alert_rule_test": [{"eval_time": "3m", **STORM}],
     },
     {  # one restart left while Running; none of it once Succeeded
         "interval": "1m",
@@ -158,15 +164,10 @@ TESTS = [
                          condition("WaitingForFencing", "MassNodeLoss", "_x5 1x20"),
                          condition("WaitingForFencing", "NodeNotFenced", "1x4",
                                    job='namespace="team-a", name="fenced"')],
-        "alert_rule_test": [
-            {"eval_time": "9m", "alertname": "RTJWaitingForFencing", "exp_alerts": []},
-            {"eval_time": "11m", "alertname": "RTJWaitingForFencing", "exp_alerts": [{
-                "exp_labels": {**LABELS, "severity": "critical"},
-                "exp_annotations": notes(
-                    "RTJWaitingForFencing", "RTJ team-a/llama: a lost node's pod has waited 10m for the node to be "
-                    "fenced", "The pod's index is not replaced until its node is known to run nothing: delete the "
-                    "Node, taint it node.kubernetes.io/out-of-service, or stop its instance (fencing.ec2).")}]},
-        ],
+        "alert_rule_test": waits(
+            "RTJWaitingForFencing", 10, "critical", "a lost node's pod has waited 10m for the node to be fenced",
+            "The pod's index is not replaced until its node is known to run nothing: delete the Node, taint it "
+            "node.kubernetes.io/out-of-service, or stop its instance (fencing.ec2)."),
     },
     {  # a pod stuck on a healthy node for 15 minutes; a pod without a node for 30; queued for 2 hours
         "interval": "1m",
@@ -174,27 +175,15 @@ TESTS = [
                          condition("WaitingForCapacity", "Unschedulable", "1x200"),
                          condition("Queued", "Pending", "1x200")],
         "alert_rule_test": [
-            {"eval_time": "14m", "alertname": "RTJWaitingForPodTermination", "exp_alerts": []},
-            {"eval_time": "16m", "alertname": "RTJWaitingForPodTermination", "exp_alerts": [{
-                "exp_labels": {**LABELS, "severity": "warning"},
-                "exp_annotations": notes(
-                    "RTJWaitingForPodTermination", "RTJ team-a/llama: a pod has not stopped on a healthy node for 15m",
-                    "Past its grace period, the pod still runs on a Ready node: its kubelet or container runtime "
-                    "does not end it, and the job waits.")}]},
-            {"eval_time": "29m", "alertname": "RTJWaitingForCapacity", "exp_alerts": []},
-            {"eval_time": "31m", "alertname": "RTJWaitingForCapacity", "exp_alerts": [{
-                "exp_labels": {**LABELS, "severity": "warning"},
-                "exp_annotations": notes(
-                    "RTJWaitingForCapacity", "RTJ team-a/llama: a pod has found no node for 30m",
-                    "`kubectl describe rtj` gives the scheduler's message; the job fails after "
-                    "restartBudget.capacityTimeoutSeconds.")}]},
-            {"eval_time": "119m", "alertname": "RTJQueuedTooLong", "exp_alerts": []},
-            {"eval_time": "121m", "alertname": "RTJQueuedTooLong", "exp_alerts": [{
-                "exp_labels": {**LABELS, "severity": "warning"},
-                "exp_annotations": notes(
-                    "RTJQueuedTooLong", "RTJ team-a/llama: queued in Kueue for 2h",
-                    "Kueue has not admitted the gang (or evicted it and not re-admitted it): `kubectl describe rtj` "
-                    "gives Kueue's reason.")}]},
+            *waits("RTJWaitingForPodTermination", 15, "warning", "a pod has not stopped on a healthy node for 15m",
+                   "Past its grace period, the pod still runs on a Ready node: its kubelet or container runtime does "
+                   "not end it, and the job waits."),
+            *waits("RTJWaitingForCapacity", 30, "warning", "a pod has found no node for 30m",
+                   "`kubectl describe rtj` gives the scheduler's message; the job fails after "
+                   "restartBudget.capacityTimeoutSeconds."),
+            *waits("RTJQueuedTooLong", 120, "warning", "queued in Kueue for 2h",
+                   "Kueue has not admitted the gang (or evicted it and not re-admitted it): `kubectl describe rtj` "
+                   "gives Kueue's reason."),
         ],
     },
 ]
