@@ -45,7 +45,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
     ]),
     ("Recovery by tier", [
         panel("Restarts by tier (1h)", "timeseries",
-              [(f"sum by (name, tier) (increase(rtj_job_restarts_total{{{JOB}}}[1h]))", "{{name}} {{tier}}")],
+              [(f"sum by (name, tier) (increase(rtj_job_restarts_charged_total{{{JOB}}}[1h]))", "{{name}} {{tier}}")],
               width=8, height=8),
         panel("Restarts by cause and charge", "table",
               [(f"sum by (name, tier, reason, charged) (rtj_job_restarts_total{{{JOB}}})", "")], width=8, height=8),

@@ -3,9 +3,9 @@
 - docs/recovery.md `exit-codes`: each exit code of the worker's entrypoint, what it means (its comment
   in worker/rtj_worker/exit_codes.py) and what the operator makes of it (rtj_operator.ladder: the
   finding classify() returns for a pod that ended so, and that finding's tier and payer in FINDINGS);
-- docs/security.md `rbac`: every rule of the chart's Roles and ClusterRoles, as `helm template`
-  renders them with the default values and with each value that changes them, with the comment above
-  the rule in its template (why the operator needs it).
+- docs/security.md `rbac`: every rule of the chart's Roles and ClusterRoles (bound, or aggregated to the
+  built-in user roles), as `helm template` renders them with the default values and with each value
+  that changes them, with the comment above the rule in its template (why it is granted).
 
     python hack/docs_tables.py            # rewrite the tables
     python hack/docs_tables.py --check    # fail if a table is out of date (tests/unit/test_docs_tables.py)
@@ -114,7 +114,9 @@ VALUE_SETS = [
      "each of `watch.namespaces`"),
     ("`leaderElection.enabled=false`", ["--set", "leaderElection.enabled=false", "--set", "replicaCount=1"], ""),
     ("`workerRBAC.namespaces`", ["--set", "workerRBAC.namespaces={team-a}"], "each of `workerRBAC.namespaces`"),
+    ("`userRoles.enabled=false`", ["--set", "userRoles.enabled=false"], ""),
 ]
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 RULE = re.compile(r"^(\s*)- apiGroups:")
 
 
@@ -146,16 +148,25 @@ def grants(rendered: str, ns_scope: str) -> list[tuple[str, str, str, str, str]]
     """(ServiceAccount, resource, verbs, why, scope) of every rule of the rendered roles."""
     docs = [(text, yaml.safe_load(text)) for text in re.split(r"^---$", rendered, flags=re.M)]
     docs = [(text, doc) for text, doc in docs if doc]
-    fullname = next(doc["metadata"]["name"] for _, doc in docs if doc["kind"] == "ClusterRole")
+    fullname = next(doc["metadata"]["name"] for _, doc in docs if doc["kind"] == "ClusterRoleBinding")
     rows = []
     for text, role in docs:
         if role["kind"] not in ("Role", "ClusterRole"):
             continue
         ns = role["metadata"].get("namespace")
-        binding = next(doc for _, doc in docs if doc["kind"] == f"{role['kind']}Binding" and
-                       doc["roleRef"]["name"] == role["metadata"]["name"] and doc["metadata"].get("namespace") == ns)
-        who = ", ".join("operator" if s["name"] == fullname else f"`{s['name']}`" for s in binding["subjects"])
-        scope = "cluster" if role["kind"] == "ClusterRole" else "release namespace" if ns == RELEASE_NS else ns_scope
+        binding = next((doc for _, doc in docs if doc["kind"] == f"{role['kind']}Binding" and
+                        doc["roleRef"]["name"] == role["metadata"]["name"] and doc["metadata"].get("namespace") == ns),
+                       None)
+        if binding is None:  # a user role, aggregated to built-in ones: it reaches whoever holds those
+            built_in = [k.removeprefix(AGGREGATE) for k, v in role["metadata"]["labels"].items()
+                        if k.startswith(AGGREGATE) and v == "true"]
+            if not built_in:
+                raise ValueError(f"{role['kind']} {role['metadata']['name']}: neither bound nor aggregated")
+            who, scope = "users: " + ", ".join(f"`{r}`" for r in built_in), "where those roles are bound"
+        else:
+            who = ", ".join("operator" if s["name"] == fullname else f"`{s['name']}`" for s in binding["subjects"])
+            scope = "cluster" if role["kind"] == "ClusterRole" else "release namespace" if ns == RELEASE_NS \
+                else ns_scope
         comments = rule_comments(text)
         if len(comments) != len(role["rules"]):
             raise ValueError(f"{role['kind']} {role['metadata']['name']}: every rule must start with apiGroups")

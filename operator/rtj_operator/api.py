@@ -417,17 +417,19 @@ POD = _obj(
                                                           "coordinator), e.g. karpenter.sh/do-not-disrupt."},
         "imagePullSecrets": {**_list(_LOCAL_REF, 16, "name"),
                              "description": "Secrets for pulling spec.image and the init containers' images "
-                                            "(workers and coordinator)."},
+                                            "(workers and coordinator; core/v1 LocalObjectReference)."},
         "schedulerName": _str("Scheduler of the worker pods (default: the default scheduler; the coordinator "
                               "always uses it).", pattern=DNS1123_SUBDOMAIN, maxLength=253),
         "volumes": {**_list(VOLUME, 32, "name"),
                     "description": "Extra volumes of the worker pods (core/v1 Volume, one source each); "
                                    "dshm and checkpoints are the operator's."},
-        "volumeMounts": _mounts("Extra mounts of the worker container (not /dev/shm or storage.mountPath)."),
+        "volumeMounts": _mounts("Extra mounts of the worker container (core/v1 VolumeMount; not /dev/shm or "
+                                "storage.mountPath)."),
         "initContainers": {**_list(INIT_CONTAINER, 8, "name"),
                            "description": "Init containers and native sidecars (restartPolicy: Always) of the "
-                                          "worker pods, in this order, before the worker container (which "
-                                          "stays the pod's only regular container: the pod ends with it)."},
+                                          "worker pods (a subset of core/v1 Container), in this order, before the "
+                                          "worker container (which stays the pod's only regular container: the "
+                                          "pod ends with it)."},
     },
     description="What every pod of the job gets beyond what the operator sets; merged, never replacing: "
                 "the operator's labels, volumes, mounts and the worker container stay as they are. Like "
@@ -469,6 +471,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 "max": _int(minimum=1, maximum=1024, description="Not supported: must equal count if set."),
             },
             required=["count"],
+            description="How many nodes train, and the hot spares beside them.",
         ),
         "coordinator": _obj(
             {
@@ -482,9 +485,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                  "description": "Where the coordinator may run (default: anywhere; nodes of "
                                                 "another instance type than the training nodes are preferred)."},
                 "tolerations": {**_list(TOLERATION, 64),
-                                "description": "Its tolerations (default: the GPU taint, so it can run anywhere)."},
+                                "description": "Its tolerations (core/v1 Toleration; default: the GPU taint, so it "
+                                               "can run anywhere)."},
             },
             default={},
+            description="The coordinator pod, which hosts the gang's rendezvous and the ranks' stores.",
         ),
         "gpusPerNode": _int(8, 0, 16, "nvidia.com/gpu per node (8 on p5.48xlarge); also the number of "
                                        "ranks per node. 0 runs ranks on CPU with gloo."),
@@ -515,6 +520,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                 "without one, as pod affinity to the gang's other pods on that key."),
             },
             default={},
+            description="Where the worker pods may run: instance type, node labels, tolerations, affinity, topology.",
         ),
         "storage": _obj(
             {
@@ -537,6 +543,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                      pattern=r"^fs-[0-9a-f]{8,17}$"),
             },
             default={},
+            description="The shared volume every pod mounts for checkpoints: an existing PVC (existingClaim), or "
+                        "one the operator creates from a StorageClass (storageClassName).",
         ),
         "resiliency": _obj(
             {
@@ -561,6 +569,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                                 "to 60 s)."),
                     },
                     default={},
+                    description="The first layer: inprocess.Wrapper restarts the training loop in the same "
+                                "processes.",
                 ),
                 "maxLauncherRestarts": _int(20, 0, 100, "ft_launcher worker-group restarts per pod. 20 as in "
                                                         "the NVRx reference (ft_launcher --max-restarts=20): "
@@ -599,6 +609,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 "rendezvousTimeoutSeconds": _int(600, 10, 7200, "How long a pod waits for peer DNS."),
             },
             default={},
+            description="The timeouts and budgets of the layers inside the job (in-process restart, ft_launcher).",
         ),
         "checkpoint": _obj(
             {
@@ -614,6 +625,7 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 "keep": _int(3, 1, 1000, "Complete checkpoints to keep."),
             },
             default={},
+            description="How often and where the ranks save checkpoints, and how many are kept.",
         ),
         "restartBudget": _obj(
             {
@@ -648,6 +660,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                               "(status.excludedNodes, at most 16). 0: never."),
             },
             default={},
+            description="The operator's budgets and timings: restarts and disruptions before Failed, node loss, "
+                        "capacity waits, stuck pods, node exclusion.",
         ),
         "env": {**_list(ENV_VAR, 256, "name"), "description": "Extra environment variables (core/v1 EnvVar)."},
         "resources": {**RESOURCE_REQUIREMENTS,
@@ -689,12 +703,13 @@ NAME_RULE = _cel(
 
 _CONDITION = _obj(
     {
-        "type": _str(),
-        "status": _str(enum=["True", "False", "Unknown"]),
-        "reason": _str(),
-        "message": _str(),
-        "lastTransitionTime": _str(format="date-time"),
-        "observedGeneration": {"type": "integer"},
+        "type": _str("What the condition is about, e.g. Running, WaitingForCapacity (docs/user-guide.md#status)."),
+        "status": _str("True, False or Unknown.", enum=["True", "False", "Unknown"]),
+        "reason": _str("Why, in CamelCase (for the Restarting condition: the tier)."),
+        "message": _str("Why, for people."),
+        "lastTransitionTime": _str("When the status last changed (a new reason keeps it).", format="date-time"),
+        "observedGeneration": {"type": "integer", "description": "The metadata.generation the operator had seen "
+                                                                 "when it set the condition."},
     },
     required=["type", "status", "reason", "lastTransitionTime"],
 )
@@ -704,9 +719,12 @@ PHASES = ("Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded"
 
 STATUS_SCHEMA: dict[str, Any] = _obj(
     {
-        "phase": _str(enum=list(PHASES)),
-        "observedGeneration": {"type": "integer"},
+        "phase": _str("Where the job is: Pending, Queued (Kueue), Running, Restarting, Suspended, Succeeded, Failed, "
+                      "or Invalid (its spec cannot work: see the InvalidSpec condition).", enum=list(PHASES)),
+        "observedGeneration": {"type": "integer", "description": "The metadata.generation of the spec this status "
+                                                                 "was written for."},
         "conditions": {"type": "array", "items": _CONDITION,
+                       "description": "The job's conditions (metav1.Condition), one per type.",
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         "nodesDesired": {"type": "integer", "description": "Training nodes (nodes.count)."},
         "nodesReady": {"type": "integer", "description": "Pods running and ready, hot spares included."},
@@ -720,13 +738,17 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                           "ReplacePod and GangRestart are the operator's."},
         "restartCounts": {"type": "array", "maxItems": 32, "description": "Restarts by tier, reason and who was "
                           "charged (job or platform); the per-job metric rtj_job_restarts_total.",
-                          "items": _obj({"tier": _str(), "reason": _str(), "charged": _str(enum=["job", "platform"]),
-                                         "count": {"type": "integer"}})},
+                          "items": _obj({"tier": _str("InProcess, Launcher, ReplacePod or GangRestart."),
+                                         "reason": _str("The cause (Other once the list is full)."),
+                                         "charged": _str("Who was charged: job (maxRestarts) or platform "
+                                                         "(maxDisruptions); the pods' own tiers are the job's.",
+                                                         enum=["job", "platform"]),
+                                         "count": {"type": "integer", "description": "Restarts so counted."}})},
         "lastRecovery": _obj(
-            {"tier": _str(enum=["InProcess", "Launcher", "ReplacePod", "GangRestart"]),
+            {"tier": _str("The tier that recovered it.", enum=["InProcess", "Launcher", "ReplacePod", "GangRestart"]),
              "reason": _str("The cause: an exception class, RankKilled, RankHung, RankExited, or the operator's "
                             "failure reason."),
-             "message": _str(),
+             "message": _str("What happened, in words."),
              "seconds": {"type": "number", "description": "From the fault to training again (in the pods: the "
                                                            "first step after it; the operator's: all nodes running)."},
              "stepsRolledBack": {"type": "integer", "description": "Steps trained again: the step reached minus "
@@ -740,7 +762,7 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
              "stepSeconds": {"type": "number", "description": "Seconds a step takes (median of the last steps)."},
              "checkpointStep": {"type": "integer", "description": "Newest committed checkpoint step "
                                                                   "(= lastCheckpointStep)."},
-             "checkpointTime": _str(format="date-time"),
+             "checkpointTime": _str("When that checkpoint was committed.", format="date-time"),
              "checkpointAgeSeconds": {"type": "number", "description": "The checkpoint's age at updateTime."},
              "reportingPods": {"type": "integer", "description": "Pods of the current Job with a report."},
              "trainingPods": {"type": "integer", "description": "Of those, pods whose ranks are training (the "
@@ -754,29 +776,36 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                                            "time (bench/goodput.py's training goodput)."},
              "infrastructure": {"type": "number", "description": "Seconds the ranks were in the training loop / wall "
                                                                  "time (bench/goodput.py's infrastructure goodput)."},
-             "inLoopSeconds": {"type": "number"},
+             "inLoopSeconds": {"type": "number", "description": "Seconds the ranks were in the training loop, "
+                                                                "summed from the pods' reports."},
              "wallSeconds": {"type": "number", "description": "From startTime to the last progress update (or "
                                                               "completionTime)."},
              "startStep": {"type": "integer", "description": "The step the job started from (a resumed checkpoint)."}},
             description="Goodput so far."),
         "jobRestarts": {"type": "integer", "description": "Restarts charged to the job's own failures."},
         "disruptions": {"type": "integer", "description": "Restarts charged to the platform."},
-        "restartsWithoutProgress": {"type": "integer"},
+        "restartsWithoutProgress": {"type": "integer", "description": "Consecutive restarts charged to the job "
+                                                                      "without the checkpoint step advancing "
+                                                                      "(against maxRestartsWithoutProgress)."},
         "attempt": {"type": "integer", "description": "Generation of the gang (Job) now running."},
-        "lastFailureReason": _str(),
-        "lastFailureMessage": _str(),
+        "lastFailureReason": _str("The reason of the newest restart or of the failure that ended the job."),
+        "lastFailureMessage": _str("Its message."),
         "lastCheckpointStep": {"type": "integer", "description": "Newest committed checkpoint step: from the pods' "
                                                                  "live reports and their termination messages."},
-        "lastCheckpointTime": _str(format="date-time"),
-        "stepAtLastRestart": {"type": "integer"},
-        "restartStartedTime": _str(format="date-time"),
-        "lastRecoverySeconds": {"type": "number"},
+        "lastCheckpointTime": _str("When that checkpoint was committed.", format="date-time"),
+        "stepAtLastRestart": {"type": "integer", "description": "The checkpoint step at the last restart charged "
+                                                                "to the job (for restartsWithoutProgress)."},
+        "restartStartedTime": _str("While the operator recovers: when the recovery began.", format="date-time"),
+        "lastRecoverySeconds": {"type": "number", "description": "Seconds the operator's newest recovery took, "
+                                                                 "until all nodes ran again."},
         "excludedNodes": {"type": "array", "maxItems": 16, "items": _obj(
-            {"node": _str(), "reason": _str(), "until": _str(format="date-time")}),
+            {"node": _str("The Node's name."), "reason": _str("Why it is kept out."),
+             "until": _str("When it may be used again.", format="date-time")}),
             "description": "Nodes kept out of the job's placement (restartBudget.nodeExclusionSeconds): "
                            "no pod of it is placed there until then."},
-        "queue": _obj({"name": _str(), "workload": _str(), "admitted": {"type": "boolean"},
-                       "clusterQueue": _str()},
+        "queue": _obj({"name": _str("The LocalQueue."), "workload": _str("Kueue's Workload for the Job."),
+                       "admitted": {"type": "boolean", "description": "Whether Kueue admitted it."},
+                       "clusterQueue": _str("The ClusterQueue that admitted it.")},
                       description="Kueue: the LocalQueue, the Workload Kueue made for the Job, whether it is "
                                   "admitted and by which ClusterQueue."),
         "recovery": _obj(
@@ -785,7 +814,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                              "description": "Pods (uids) whose failures were settled: charged, or deliberately "
                                             "not; never charged again."},
                 "charged": _obj(
-                    {"attempt": {"type": "integer"},
+                    {"attempt": {"type": "integer", "description": "The attempt (status.attempt) the fault "
+                                                                   "belongs to."},
                      "nodes": {"type": "array", "items": _str(), "maxItems": 1024,
                                "description": "Lost nodes whose loss is charged already."},
                      "faults": {"type": "integer", "description": "Faults charged in this recovery; their "
@@ -798,7 +828,7 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                 "faultSettlesAt": _str("Once the gang's pods run again: until when a failed rendezvous is still a "
                                        "consequence of the fault just recovered.", format="date-time"),
                 "pendingGangRestart": _str("A new gang attempt was decided; its Job is not created yet: why."),
-                "gangRestartTime": _str(format="date-time"),
+                "gangRestartTime": _str("When the newest gang restart was decided.", format="date-time"),
                 "replacementBackoffSeconds": {"type": "number", "description": "What the Job controller delays "
                                                                                "the next replacement pod by."},
                 "suspendedForCapacity": _str("When the gang was suspended because a pod of it stayed "
@@ -818,21 +848,24 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                             "Job: what its report said that is already counted (in-pod restarts and their causes, "
                             "in-loop seconds); pods with nothing to count are left out.",
                             "additionalProperties": _obj({
-                                "inProcess": {"type": "integer"}, "launcher": {"type": "integer"},
-                                "inLoopSeconds": {"type": "number"},
+                                "inProcess": {"type": "integer", "description": "In-process restarts counted."},
+                                "launcher": {"type": "integer", "description": "Launcher restarts counted."},
+                                "inLoopSeconds": {"type": "number", "description": "In-loop seconds counted."},
                                 "causes": {"type": "object", "maxProperties": 16,
-                                           "additionalProperties": {"type": "integer"}}})},
+                                           "additionalProperties": {"type": "integer"},
+                                           "description": "Restarts counted, by cause."}})},
                 "events": {"type": "object", "description": "Per in-pod tier: the restart count and time of the last "
                            "event (InProcessRestart, LauncherRestart: at most one every 30 s).",
-                           "additionalProperties": _obj({"count": {"type": "integer"},
-                                                         "time": _str(format="date-time")})},
+                           "additionalProperties": _obj({
+                               "count": {"type": "integer", "description": "The tier's restart count at that event."},
+                               "time": _str("When it was posted.", format="date-time")})},
                 "stepAtFault": {"type": "integer", "description": "The step reached when the operator charged the "
                                                                   "fault it recovers (for stepsRolledBack)."},
             },
             description="Bookkeeping of the recovery in progress (the operator's ledger).",
         ),
-        "startTime": _str(format="date-time"),
-        "completionTime": _str(format="date-time"),
+        "startTime": _str("When the job's first Job (gang) was created.", format="date-time"),
+        "completionTime": _str("When the job ended, Succeeded or Failed.", format="date-time"),
     },
 )
 

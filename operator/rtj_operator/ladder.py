@@ -91,6 +91,24 @@ FINDINGS: dict[str, Meaning] = {
 }
 
 
+def _charges() -> dict[str, tuple[str, ...]]:
+    """Who each tier's restarts can be charged to (status.restartCounts' `charged`): the pods' own
+    recoveries are the job's (progress.fold); an operator tier's, the payers of the findings that need it
+    (PEERS is decided per fault, either; NOBODY restarts nothing)."""
+    charges = {tier: (JOB,) for tier in IN_JOB_TIERS}
+    for tier in TIERS:
+        payers = set()
+        for meaning in FINDINGS.values():
+            if meaning.tier == tier:
+                payers |= {JOB, PLATFORM} if meaning.payer == PEERS else {meaning.payer} - {NOBODY}
+        charges[tier] = tuple(sorted(payers))
+    return charges
+
+
+# tier -> the payers its restarts can be charged to: the metrics start each pair at 0 (metrics.py).
+CHARGES = _charges()
+
+
 @dataclass(frozen=True)
 class Consequence:
     """What charging a finding does besides the restart its Meaning needs (policies/charging.charge)."""

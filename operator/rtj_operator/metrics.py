@@ -24,6 +24,10 @@ from .conditions import parse_time
 
 JOBS = Gauge("rtj_jobs", "ResilientTrainingJobs by phase.", ["phase"])
 RESTARTS = Counter("rtj_restarts_total", "Restarts done by the operator.", ["tier", "reason"])
+# The same by who was charged: every pair a tier can take (ladder.CHARGES) exists from the start at 0, so
+# that increase() counts the first restart (a series counts only from its second sample).
+RESTARTS_CHARGED = Counter("rtj_restarts_charged_total", "Restarts done by the operator, by tier and who was "
+                           "charged (job, platform).", ["tier", "charged"])
 RECOVERY_SECONDS = Histogram(
     "rtj_recovery_seconds", "From a fault to training again: the operator's tiers until all nodes run again, "
     "the pods' own (InProcess, Launcher) until the first step after it.", ["tier"],
@@ -115,6 +119,12 @@ class JobCollector(Collector):
             "restarts": CounterMetricFamily("rtj_job_restarts", "Restarts of the job by tier (InProcess, Launcher, "
                                             "ReplacePod, GangRestart), reason and who was charged (job, platform).",
                                             labels=[*LABELS, "tier", "reason", "charged"]),
+            "charged": CounterMetricFamily("rtj_job_restarts_charged", "Restarts of the job by tier and who was "
+                                           "charged: every pair the tier can take, from 0.",
+                                           labels=[*LABELS, "tier", "charged"]),
+            "condition": GaugeMetricFamily("rtj_job_condition", "1 for each condition of the job that is True, "
+                                           "labelled with its type and current reason.",
+                                           labels=[*LABELS, "type", "reason"]),
             "recovery": GaugeMetricFamily("rtj_job_last_recovery_seconds", "Seconds the newest recovery took, by "
                                           "tier.", labels=[*LABELS, "tier"]),
             "budget": GaugeMetricFamily("rtj_job_budget_remaining", "Restarts left in each restartBudget counter.",
@@ -144,9 +154,17 @@ class JobCollector(Collector):
                 fam["ready"].add_metric(job, st["nodesReady"])
             if st.get("nodesDesired") is not None:
                 fam["desired"].add_metric(job, st["nodesDesired"])
+            charged = {(tier, payer): 0.0 for tier, payers in ladder.CHARGES.items() for payer in payers}
             for entry in st.get("restartCounts") or []:
-                fam["restarts"].add_metric([*job, str(entry.get("tier")), str(entry.get("reason")),
-                                            str(entry.get("charged"))], float(entry.get("count") or 0))
+                tier, payer, count = str(entry.get("tier")), str(entry.get("charged")), float(entry.get("count") or 0)
+                fam["restarts"].add_metric([*job, tier, str(entry.get("reason")), payer], count)
+                charged[(tier, payer)] = charged.get((tier, payer), 0.0) + count
+            for (tier, payer), count in sorted(charged.items()):
+                fam["charged"].add_metric([*job, tier, payer], count)
+            # Only the current reason of each True condition: one whose reason changed leaves no series behind.
+            for cond in st.get("conditions") or []:
+                if cond.get("status") == "True":
+                    fam["condition"].add_metric([*job, str(cond.get("type")), str(cond.get("reason") or "")], 1.0)
             for tier, seconds in sorted((snap.get("byTier") or {}).items()):
                 fam["recovery"].add_metric([*job, tier], seconds)
             for limit, counter in BUDGETS:
@@ -175,3 +193,6 @@ class JobCollector(Collector):
 
 REGISTRY.register(JobCollector())
 _publish_phases()  # every phase from the start, 0 until a pass sees a job
+for _tier in ladder.TIERS:  # the operator's tiers, each charge it can take, at 0 until the first restart
+    for _payer in ladder.CHARGES[_tier]:
+        RESTARTS_CHARGED.labels(_tier, _payer)

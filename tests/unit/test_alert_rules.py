@@ -1,7 +1,8 @@
 """The chart's PrometheusRule (metrics.prometheusRule) with `promtool test rules`: each alert fires on
-the series the operator exports for a job in trouble, names that job, and stays quiet for a healthy
-one. promtool is built from the Prometheus Go module by hack/promtool/build.sh (cached; set
-RTJ_PROMTOOL_BIN to its folder)."""
+the series the operator exports for a job in trouble (as it exports them: a job's restart counters from 0,
+its conditions' current reasons, the replicas' scrape labels), names that job, and stays quiet for a
+healthy one; each can be switched off alone and links its runbook section. promtool is built from the
+Prometheus Go module by hack/promtool/build.sh (cached; set RTJ_PROMTOOL_BIN to its folder)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rtj_operator import ladder
 from testkit import ROOT, TOOLS
 
 PROMTOOL = Path(os.environ.get("RTJ_PROMTOOL_BIN", Path.home() / ".cache" / "rtj-promtool" / "v0.316.0" / "bin")) \
@@ -21,6 +23,42 @@ pytestmark = pytest.mark.skipif(not PROMTOOL.exists() or not (TOOLS / "helm").ex
 
 JOB = 'namespace="team-a", name="llama"'
 LABELS = {"namespace": "team-a", "name": "llama"}
+RELEASE, RELEASE_NS = "rtj", "rtj-system"
+# The scrape labels of this release's operator replicas (the ServiceMonitor's target labels).
+OPERATOR = f'namespace="{RELEASE_NS}", service="{RELEASE}-rtj-operator-metrics"'
+ALERTS = ["RTJCheckpointStale", "RTJRestartStorm", "RTJBudgetNearlySpent", "RTJNoStepProgress", "RTJWaitingForFencing",
+          "RTJWaitingForPodTermination", "RTJWaitingForCapacity", "RTJQueuedTooLong", "RTJOperatorDown"]
+
+
+def notes(alert: str, summary: str, description: str) -> dict[str, str]:
+    return {"summary": summary, "description": description, "runbook_url": f"docs/runbook.md#{alert.lower()}"}
+
+
+def charged(job: str, counts: dict[tuple[str, str], str]) -> list[dict[str, str]]:
+    """rtj_job_restarts_charged_total as the exporter emits it: every (tier, charged) pair of ladder.CHARGES
+    from the job's first pass, at 0 unless `counts` says otherwise."""
+    return [{"series": f'rtj_job_restarts_charged_total{{{job}, tier="{tier}", charged="{payer}"}}',
+             "values": counts.get((tier, payer), "0x20")}
+            for tier, payers in ladder.CHARGES.items() for payer in payers]
+
+
+def condition(type_: str, reason: str, values: str, job: str = JOB) -> dict[str, str]:
+    return {"series": f'rtj_job_condition{{{job}, type="{type_}", reason="{reason}"}}', "values": values}
+
+
+def waits(alert: str, minutes: int, severity: str, summary: str, description: str) -> list[dict]:
+    """Quiet a minute before `minutes`, firing a minute after, naming the job."""
+    return [{"eval_time": f"{minutes - 1}m", "alertname": alert, "exp_alerts": []},
+            {"eval_time": f"{minutes + 1}m", "alertname": alert, "exp_alerts": [{
+                "exp_labels": {**LABELS, "severity": severity},
+                "exp_annotations": notes(alert, f"RTJ team-a/llama: {summary}", description)}]}]
+
+
+STORM = {"alertname": "RTJRestartStorm", "exp_alerts": [{
+    "exp_labels": {**LABELS, "severity": "warning"},
+    "exp_annotations": notes("RTJRestartStorm", "RTJ team-a/llama: more than 5 restarts in 30m",
+                             "Restarts of every tier, the pods' own included; `kubectl describe rtj` and "
+                             "status.restartCounts say why.")}]}
 
 
 def running(minutes: int = 60, phase: str = "Running") -> list[dict[str, str]]:
@@ -37,10 +75,10 @@ TESTS = [
             {"eval_time": "10m", "alertname": "RTJCheckpointStale", "exp_alerts": []},
             {"eval_time": "12m", "alertname": "RTJCheckpointStale", "exp_alerts": [{
                 "exp_labels": {**LABELS, "severity": "warning"},
-                "exp_annotations": {
-                    "summary": "RTJ team-a/llama: no checkpoint committed for 3 checkpoint intervals",
-                    "description": "The newest committed checkpoint is 12m 0s old while the job runs: a fault now "
-                                   "would roll back that much training."}}]},
+                "exp_annotations": notes(
+                    "RTJCheckpointStale", "RTJ team-a/llama: no checkpoint committed for 3 checkpoint intervals",
+                    "The newest committed checkpoint is 12m 0s old while the job runs: a fault now would roll back "
+                    "that much training.")}]},
         ],
     },
     {  # the same age while Restarting: the recovery is what is late, not the checkpoints
@@ -50,19 +88,19 @@ TESTS = [
                          {"series": f"rtj_job_checkpoint_interval_seconds{{{JOB}}}", "values": "100x60"}],
         "alert_rule_test": [{"eval_time": "30m", "alertname": "RTJCheckpointStale", "exp_alerts": []}],
     },
-    {  # 6 in-process restarts in 3 minutes: a storm; 3 would not be
+    {  # a fresh job's first restarts, 6 in-process ones in 2 minutes: a storm, counted from the series' 0
+        # (as exported from the job's first pass); 3 would not be
         "interval": "1m",
         "input_series": [*running(),
-                         {"series": f'rtj_job_restarts_total{{{JOB}, tier="InProcess", reason="RuntimeError", '
-                                    'charged="job"}', "values": "0 0 2 4 6 6 6 6 6 6 6"},
-                         {"series": 'rtj_job_restarts_total{namespace="team-a", name="calm", tier="Launcher", '
-                                    'reason="RankKilled", charged="job"}', "values": "0 0 1 2 3 3 3 3 3 3 3"}],
-        "alert_rule_test": [{"eval_time": "6m", "alertname": "RTJRestartStorm", "exp_alerts": [{
-            "exp_labels": {**LABELS, "severity": "warning"},
-            "exp_annotations": {
-                "summary": "RTJ team-a/llama: more than 5 restarts in 30m",
-                "description": "Restarts of every tier, the pods' own included; `kubectl describe rtj` and "
-                               "status.restartCounts say why."}}]}],
+                         *charged(JOB, {("InProcess", "job"): "0 0 2 4 6 6 6 6 6 6 6"}),
+                         *charged('namespace="team-a", name="calm"', {("Launcher", "job"): "0 0 1 2 3 3 3 3 3 3 3"})],
+        "alert_rule_test": [{"eval_time": "6m", **STORM}],
+    },
+    {  # the first restarts at once, 6 between two scrapes, and across tiers and payers: counted too
+        "interval": "1m",
+        "input_series": [*running(), *charged(JOB, {("ReplacePod", "platform"): "0 0 4x10",
+                                                   ("GangRestart", "job"): "0 0 2x10"})],
+        "alert_rule_test": [{"eval_time": "3m", **STORM}],
     },
     {  # one restart left while Running; none of it once Succeeded
         "interval": "1m",
@@ -77,8 +115,8 @@ TESTS = [
             {"eval_time": "1m", "alertname": "RTJBudgetNearlySpent", "exp_alerts": []},
             {"eval_time": "2m", "alertname": "RTJBudgetNearlySpent", "exp_alerts": [{
                 "exp_labels": {**LABELS, "budget": "maxRestarts", "severity": "warning"},
-                "exp_annotations": {"summary": "RTJ team-a/llama: 1 restarts left in maxRestarts",
-                                    "description": "The next failures charged to this budget fail the job."}}]},
+                "exp_annotations": notes("RTJBudgetNearlySpent", "RTJ team-a/llama: 1 restarts left in maxRestarts",
+                                         "The next failures charged to this budget fail the job.")}]},
         ],
     },
     {  # Running, and the last step was reported at time 0: quiet up to 15 min, then 2 min pending
@@ -88,41 +126,81 @@ TESTS = [
             {"eval_time": "16m", "alertname": "RTJNoStepProgress", "exp_alerts": []},
             {"eval_time": "20m", "alertname": "RTJNoStepProgress", "exp_alerts": [{
                 "exp_labels": {**LABELS, "severity": "critical"},
-                "exp_annotations": {
-                    "summary": "RTJ team-a/llama: Running, but no training step for 20m 0s",
-                    "description": "The pods report no new step: a hang the in-job layers did not catch, or a data "
-                                   "or storage stall."}}]},
+                "exp_annotations": notes(
+                    "RTJNoStepProgress", "RTJ team-a/llama: Running, but no training step for 20m 0s",
+                    "The pods report no new step: a hang the in-job layers did not catch, or a data or storage "
+                    "stall.")}]},
         ],
     },
-    {  # the leader's series stop (the standby still scraped, not leading): down after 5 minutes
+    {  # this release's leader's series stop (its standby still scraped, not leading; another release's
+        # operator leads in its own namespace): down after 5 minutes
         "interval": "1m",
-        "input_series": [{"series": 'rtj_leader{pod="op-a"}', "values": "1 1 1 _ _ _ _ _ _ _ _ _ _ _ _"},
-                         {"series": 'rtj_leader{pod="op-b"}', "values": "0x14"}],
+        "input_series": [{"series": f'rtj_leader{{{OPERATOR}, pod="op-a"}}', "values": "1 1 1 _ _ _ _ _ _ _ _ _ _ _ _"},
+                         {"series": f'rtj_leader{{{OPERATOR}, pod="op-b"}}', "values": "0x14"},
+                         {"series": 'rtj_leader{namespace="other", service="other-rtj-operator-metrics", pod="x"}',
+                          "values": "1x14"}],
         "alert_rule_test": [
             {"eval_time": "3m", "alertname": "RTJOperatorDown", "exp_alerts": []},
             {"eval_time": "14m", "alertname": "RTJOperatorDown", "exp_alerts": [{
-                "exp_labels": {"severity": "critical"},
-                "exp_annotations": {"summary": "No rtj-operator replica leads",
-                                    "description": "No replica is scraped, or none holds the leader Lease: nothing "
-                                                   "recovers ResilientTrainingJobs beyond their pods' own layers."}}]},
+                "exp_labels": {"severity": "critical", "namespace": RELEASE_NS,
+                               "service": f"{RELEASE}-rtj-operator-metrics"},
+                "exp_annotations": notes(
+                    "RTJOperatorDown", f"No rtj-operator replica of {RELEASE_NS}/{RELEASE} leads",
+                    "No replica is scraped, or none holds the leader Lease: nothing recovers ResilientTrainingJobs "
+                    "beyond their pods' own layers.")}]},
         ],
     },
     {  # a healthy operator with no job at all (rtj_jobs all 0), a standby beside it: quiet
         "interval": "1m",
-        "input_series": [{"series": 'rtj_leader{pod="op-a"}', "values": "1x20"},
-                         {"series": 'rtj_leader{pod="op-b"}', "values": "0x20"},
-                         {"series": 'rtj_jobs{pod="op-a", phase="Running"}', "values": "0x20"}],
+        "input_series": [{"series": f'rtj_leader{{{OPERATOR}, pod="op-a"}}', "values": "1x20"},
+                         {"series": f'rtj_leader{{{OPERATOR}, pod="op-b"}}', "values": "0x20"},
+                         {"series": f'rtj_jobs{{{OPERATOR}, pod="op-a", phase="Running"}}', "values": "0x20"}],
         "alert_rule_test": [{"eval_time": "15m", "alertname": "RTJOperatorDown", "exp_alerts": []}],
+    },
+    {  # waiting for fencing since 0, the reason changing at 6 min (the old reason's series gone): one wait,
+        # firing after 10 min; the same condition over for another job after 4 min: quiet
+        "interval": "1m",
+        "input_series": [condition("WaitingForFencing", "NodeNotFenced", "1x5"),
+                         condition("WaitingForFencing", "MassNodeLoss", "_x5 1x20"),
+                         condition("WaitingForFencing", "NodeNotFenced", "1x4",
+                                   job='namespace="team-a", name="fenced"')],
+        "alert_rule_test": waits(
+            "RTJWaitingForFencing", 10, "critical", "a lost node's pod has waited 10m for the node to be fenced",
+            "The pod's index is not replaced until its node is known to run nothing: delete the Node, taint it "
+            "node.kubernetes.io/out-of-service, or stop its instance (fencing.ec2)."),
+    },
+    {  # a pod stuck on a healthy node for 15 minutes; a pod without a node for 30; queued for 2 hours
+        "interval": "1m",
+        "input_series": [condition("WaitingForPodTermination", "PodStuckTerminating", "1x200"),
+                         condition("WaitingForCapacity", "Unschedulable", "1x200"),
+                         condition("Queued", "Pending", "1x200")],
+        "alert_rule_test": [
+            *waits("RTJWaitingForPodTermination", 15, "warning", "a pod has not stopped on a healthy node for 15m",
+                   "Past its grace period, the pod still runs on a Ready node: its kubelet or container runtime does "
+                   "not end it, and the job waits."),
+            *waits("RTJWaitingForCapacity", 30, "warning", "a pod has found no node for 30m",
+                   "`kubectl describe rtj` gives the scheduler's message; the job fails after "
+                   "restartBudget.capacityTimeoutSeconds."),
+            *waits("RTJQueuedTooLong", 120, "warning", "queued in Kueue for 2h",
+                   "Kueue has not admitted the gang (or evicted it and not re-admitted it): `kubectl describe rtj` "
+                   "gives Kueue's reason."),
+        ],
     },
 ]
 
 
+def rules(*values: str) -> dict:
+    out = subprocess.run([str(TOOLS / "helm"), "template", RELEASE, str(ROOT / "charts" / "rtj-operator"),
+                          "--namespace", RELEASE_NS, "--set", "metrics.prometheusRule.enabled=true", *values,
+                          "--show-only", "templates/prometheusrule.yaml"], capture_output=True, text=True)
+    if "could not find template" in out.stderr:
+        return {}
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout) or {}
+
+
 def test_the_alerts_fire_on_a_job_in_trouble_and_name_it(tmp_path: Path):
-    out = subprocess.run([str(TOOLS / "helm"), "template", "rtj-operator", str(ROOT / "charts" / "rtj-operator"),
-                          "--set", "metrics.prometheusRule.enabled=true", "--show-only",
-                          "templates/prometheusrule.yaml"], check=True, capture_output=True, text=True).stdout
-    rule = yaml.safe_load(out)
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules()["spec"]))
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
                                                          "tests": TESTS}))
     check = subprocess.run([str(PROMTOOL), "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
@@ -131,3 +209,30 @@ def test_the_alerts_fire_on_a_job_in_trouble_and_name_it(tmp_path: Path):
     result = subprocess.run([str(PROMTOOL), "test", "rules", str(tmp_path / "tests.yaml")], capture_output=True,
                             text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def alert_names(rule: dict) -> list[str]:
+    return [r["alert"] for group in rule["spec"]["groups"] for r in group["rules"]] if rule else []
+
+
+@pytest.mark.parametrize("alert", ALERTS)
+def test_each_alert_can_be_switched_off_alone(alert):
+    assert alert_names(rules()) == ALERTS
+    assert alert_names(rules("--set", f"metrics.prometheusRule.alerts.{alert}.enabled=false")) == \
+        [a for a in ALERTS if a != alert]
+
+
+def test_no_rule_without_an_alert():
+    off = [arg for a in ALERTS for arg in ("--set", f"metrics.prometheusRule.alerts.{a}.enabled=false")]
+    assert rules(*off) == {}
+
+
+def test_every_alert_links_its_runbook_section():
+    """runbook_url is metrics.prometheusRule.runbookURL and the anchor of the alert's heading in docs/runbook.md."""
+    headings = {line[3:].strip().lower() for line in (ROOT / "docs" / "runbook.md").read_text().splitlines()
+                if line.startswith("## ")}
+    for rule in rules("--set", "metrics.prometheusRule.runbookURL=https://example.com/runbook")["spec"]["groups"][0][
+            "rules"]:
+        url = rule["annotations"]["runbook_url"]
+        assert url == f"https://example.com/runbook#{rule['alert'].lower()}", url
+        assert url.split("#")[1] in headings, url

@@ -88,6 +88,62 @@ def test_namespaced_mode_grants_roles_only_in_watched_namespaces():
         render("--set", "watch.clusterWide=false")
 
 
+def operator_grants(*values: str) -> dict[str, set[str]]:
+    """resource (group/resource[/subresource]) -> the verbs the operator's own ClusterRole grants."""
+    role = next(d for d in render(*values) if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] == "rtj-rtj-operator")
+    grants: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault(f"{group}/{resource}".lstrip("/"), set()).update(rule["verbs"])
+    return grants
+
+
+def deleted_kinds() -> set[str]:
+    """Every kind the operator's code can DELETE: Action(DELETE, "<Kind>", ...) and Action(FAIL_POD, ...) (a
+    pod failed, then deleted) in its policies, and direct `.delete("<Kind>", ...)` calls."""
+    import ast
+
+    kinds = set()
+    for path in (ROOT / "operator" / "rtj_operator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or len(node.args) < 2:
+                continue
+            func = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            verb = node.args[0].id if isinstance(node.args[0], ast.Name) else None
+            named = isinstance(node.args[0], ast.Constant)
+            if (func == "Action" and verb in ("DELETE", "FAIL_POD")) or (func == "delete" and named):
+                kind = node.args[1 if func == "Action" else 0]
+                assert isinstance(kind, ast.Constant), f"{path}:{node.lineno}: a delete of a kind not named"
+                kinds.add(kind.value)
+    return kinds
+
+
+def test_the_operator_may_delete_only_what_its_code_deletes():
+    """The operator deletes Jobs (a gang restart) and Pods (fencing, the coordinator), never a Service or a
+    PVC (the garbage collector removes those with the RTJ): the chart grants delete on exactly those."""
+    assert deleted_kinds() == {"Job", "Pod"}
+    for values in (VALUE_SETS["default"], VALUE_SETS["everything"]):
+        assert {r for r, verbs in operator_grants(*values).items() if "delete" in verbs} == {"batch/jobs", "pods"}
+
+
+def test_the_operator_may_set_block_owner_deletion_on_its_children():
+    """kopf.adopt (policies/children.py) sets blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
+    admission plugin allows only with update on the owner's finalizers."""
+    import kopf
+
+    child: dict = {"metadata": {}}
+    kopf.adopt(child, owner={"apiVersion": api.API_VERSION, "kind": api.KIND,
+                             "metadata": {"name": "j", "namespace": "n", "uid": "u"}})
+    assert child["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+    assert operator_grants()[f"{api.GROUP}/{api.PLURAL}/finalizers"] == {"update"}
+    namespaced = [d for d in render(*VALUE_SETS["namespaced"]) if d["kind"] == "Role"
+                  and not d["metadata"]["name"].endswith("-leader-election")]
+    assert all({"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/finalizers"], "verbs": ["update"]}
+               in role["rules"] for role in namespaced)
+
+
 def test_deployment_is_hardened_and_probed():
     docs = render(*VALUE_SETS["everything"])
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]

@@ -80,21 +80,45 @@ def test_crd_file_is_generated_from_api_py():
     assert CRD_FILE.read_text() == crd.render(), "run `make crds`"
 
 
+def copied(node: dict) -> bool:
+    """A field that holds a copied core/v1 type (its description names it): its own fields have no
+    descriptions yet (their upstream ones are not copied)."""
+    return "core/v1" in node.get("description", "")
+
+
+def test_every_field_of_the_rtjs_own_spec_and_status_is_described():
+    """`kubectl explain rtj.<field>` has something to say for every field the RTJ defines; inside a copied
+    core/v1 type only the field holding it is checked."""
+    schema = load_yaml(CRD_FILE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    found = [(path, node) for part in ("spec", "status") for path, node in nodes(schema[part], part, stop=copied)]
+    fields = [(path, node) for path, node in found if path not in ("spec", "status") and path[-1] not in "]}"]
+    assert [path for path, node in fields if not node.get("description")] == []
+    assert {"spec.placement.affinity", "spec.pod.initContainers"} <= {path for path, node in fields if copied(node)}
+
+
 def test_crd_defaults_are_valid_against_their_own_schema():
     assert yaml.safe_load(crd.render())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["required"] == ["spec"]
     assert schema_errors(rtj_body()) == []
 
 
-def cel_rules(schema: dict, path: str = "") -> list[tuple[str, dict]]:
-    """Every (path, x-kubernetes-validations rule) of a schema; path uses '[]' for items and '{}' for values."""
-    found = [(path, rule) for rule in schema.get("x-kubernetes-validations", [])]
+def nodes(schema: dict, path: str = "", stop=lambda node: False) -> list[tuple[str, dict]]:
+    """Every (path, schema node) under `schema`, itself first; path uses '[]' for items and '{}' for values. A
+    node for which `stop` is true is listed, what is under it is not."""
+    found = [(path, schema)]
+    if stop(schema):
+        return found
     for key, sub in (schema.get("properties") or {}).items():
-        found += cel_rules(sub, f"{path}.{key}")
+        found += nodes(sub, f"{path}.{key}", stop)
     if isinstance(schema.get("items"), dict):
-        found += cel_rules(schema["items"], f"{path}[]")
+        found += nodes(schema["items"], f"{path}[]", stop)
     if isinstance(schema.get("additionalProperties"), dict):
-        found += cel_rules(schema["additionalProperties"], f"{path}{{}}")
+        found += nodes(schema["additionalProperties"], f"{path}{{}}", stop)
     return found
+
+
+def cel_rules(schema: dict, path: str = "") -> list[tuple[str, dict]]:
+    """Every (path, x-kubernetes-validations rule) of a schema."""
+    return [(at, rule) for at, node in nodes(schema, path) for rule in node.get("x-kubernetes-validations", [])]
 
 
 def test_cel_rules_guard_what_the_schema_alone_cannot():

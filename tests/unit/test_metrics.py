@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from rtj_operator import metrics
+from rtj_operator import ladder, metrics
 
 STATUS = {
     "phase": "Running", "nodesReady": 3, "nodesDesired": 2, "jobRestarts": 1, "disruptions": 4,
@@ -66,7 +66,7 @@ def test_labels_are_bounded_no_pod_no_step(job):
     text = generate_latest(REGISTRY).decode()
     lines = [line for line in text.splitlines() if line.startswith("rtj_job_") and 'name="llama"' in line]
     assert lines
-    allowed = {"namespace", "name", "phase", "tier", "reason", "charged", "budget", "kind"}
+    allowed = {"namespace", "name", "phase", "tier", "reason", "charged", "budget", "kind", "type"}
     for line in lines:
         keys = {pair.split("=")[0] for pair in line[line.index("{") + 1:line.index("}")].split(",")}
         assert keys <= allowed, line
@@ -131,3 +131,59 @@ def test_the_user_guide_lists_the_crds_phases():
     line = next(line for line in (ROOT / "docs" / "user-guide.md").read_text().splitlines()
                 if line.startswith("- `phase`:"))
     assert re.findall(r"`(\w+)`", line)[1:] == list(api.PHASES)
+
+
+def test_restart_counters_start_at_zero_for_every_tier_and_charge():
+    """Each (tier, charged) pair a tier can take (ladder.CHARGES: the pods' own tiers are the job's, the
+    operator's tiers either payer's) is a series from the job's first pass, at 0: increase() then counts the
+    first restart, which a series that appears at 1 would hide."""
+    assert ladder.CHARGES == {"InProcess": ("job",), "Launcher": ("job",), "ReplacePod": ("job", "platform"),
+                              "GangRestart": ("job", "platform")}
+    job = {"namespace": "charge-test", "name": "fresh"}
+    metrics.record_job(job["namespace"], job["name"], {"phase": "Running"}, {})
+    try:
+        for tier, payers in ladder.CHARGES.items():
+            for payer in payers:
+                labels = {**job, "tier": tier, "charged": payer}
+                assert REGISTRY.get_sample_value("rtj_job_restarts_charged_total", labels) == 0.0, labels
+        metrics.record_job(job["namespace"], job["name"], STATUS, SPEC)
+        assert REGISTRY.get_sample_value("rtj_job_restarts_charged_total",
+                                         {**job, "tier": "InProcess", "charged": "job"}) == 5.0
+        assert REGISTRY.get_sample_value("rtj_job_restarts_charged_total",
+                                         {**job, "tier": "ReplacePod", "charged": "platform"}) == 2.0
+        assert REGISTRY.get_sample_value("rtj_job_restarts_charged_total",
+                                         {**job, "tier": "ReplacePod", "charged": "job"}) == 0.0
+    finally:
+        metrics.forget(job["namespace"], job["name"])
+    # The operator's own counter: its tiers' pairs exist before any restart (0 on a fresh process).
+    for tier in ladder.TIERS:
+        for payer in ladder.CHARGES[tier]:
+            assert REGISTRY.get_sample_value("rtj_restarts_charged_total", {"tier": tier, "charged": payer}) \
+                is not None, (tier, payer)
+
+
+def test_the_condition_gauge_has_only_each_true_conditions_current_reason():
+    job = {"namespace": "condition-test", "name": "waits"}
+
+    def conditions(*conds: tuple[str, str, str]) -> dict:
+        return {"phase": "Running", "conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conds]}
+
+    def series() -> dict[tuple[str, str], float]:
+        text = generate_latest(REGISTRY).decode()
+        found = re.findall(r'rtj_job_condition\{name="waits",namespace="condition-test",reason="(\w*)",'
+                           r'type="(\w+)"\} (\S+)', text)
+        return {(t, r): float(v) for r, t, v in found}
+
+    metrics.record_job(job["namespace"], job["name"], conditions(
+        ("WaitingForCapacity", "True", "Unschedulable"), ("Running", "False", "WaitingForPods")), {})
+    try:
+        assert series() == {("WaitingForCapacity", "Unschedulable"): 1.0}
+        metrics.record_job(job["namespace"], job["name"], conditions(
+            ("WaitingForCapacity", "True", "SuspendedForCapacity"), ("Running", "False", "Suspended")), {})
+        assert series() == {("WaitingForCapacity", "SuspendedForCapacity"): 1.0}  # the old reason's is gone
+        metrics.record_job(job["namespace"], job["name"], conditions(
+            ("WaitingForCapacity", "False", "Resolved"), ("Running", "True", "AllNodesRunning")), {})
+        assert series() == {("Running", "AllNodesRunning"): 1.0}
+    finally:
+        metrics.forget(job["namespace"], job["name"])
+    assert series() == {}

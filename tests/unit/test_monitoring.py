@@ -70,7 +70,8 @@ def test_the_dashboard_has_the_job_variables_and_the_rows():
 def test_every_alert_names_its_job():
     alerts = re.findall(r"- alert: (\w+)\n\s+expr: >?-?\s*\n?(.*?)\n\s+(?:for|labels):", RULES, re.S)
     assert [a for a, _ in alerts] == ["RTJCheckpointStale", "RTJRestartStorm", "RTJBudgetNearlySpent",
-                                      "RTJNoStepProgress", "RTJOperatorDown"]
+                                      "RTJNoStepProgress", "RTJWaitingForFencing", "RTJWaitingForPodTermination",
+                                      "RTJWaitingForCapacity", "RTJQueuedTooLong", "RTJOperatorDown"]
     for alert, expr in alerts:
         if alert != "RTJOperatorDown":  # absent(): no job to name
             assert "on (namespace, name)" in expr or "by (namespace, name)" in expr, alert

@@ -55,10 +55,17 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 - apiGroups: ["training.rtj.dev"]
   resources: ["resilienttrainingjobs"]
   verbs: ["get", "list", "watch", "patch"]
-# One status write per pass.
+# One status write per pass (a merge patch: the status is never read back through this subresource).
 - apiGroups: ["training.rtj.dev"]
   resources: ["resilienttrainingjobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+# The children's owner references block their owner's deletion (blockOwnerDeletion, as kopf.adopt sets
+# it: `kubectl delete rtj --cascade=foreground` waits until the gang's Job, pods, Service and PVC are
+# gone), which the OwnerReferencesPermissionEnforcement admission plugin allows only to who may update
+# the owner's finalizers. A custom resource serves no finalizers subresource: this grant is only that check.
+- apiGroups: ["training.rtj.dev"]
+  resources: ["resilienttrainingjobs/finalizers"]
+  verbs: ["update"]
 # The gang, one Job per attempt (patch: suspend and resume; delete: a gang restart).
 - apiGroups: ["batch"]
   resources: ["jobs"]
@@ -77,27 +84,33 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 # A pod then stuck Terminating on a lost node is, once the node is fenced (Node deleted, out-of-service
 # taint, or its EC2 instance stopped with fencing.ec2), marked Failed with a DisruptionTarget condition
 # (UID-guarded) before it is deleted, as PodGC does: a pod deleted while not terminal counts as a
-# failure of its index; one marked Failed as a disruption does not.
+# failure of its index; one marked Failed as a disruption does not. Needed without fencing.ec2 too (a
+# deleted Node, the taint), so no value gates it; RBAC cannot narrow it to the operator's own pods.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
-# The gang's Service, a child of the RTJ: watched (its own labels select it) so that passes read no object.
+# The gang's Service, a child of the RTJ: watched (its own labels select it) so that passes read no object;
+# get: after a create finds the name taken; patch: its spec drifted. Never deleted: the garbage collector
+# removes it with the RTJ (owner reference).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The shared checkpoint volume (spec.storage with a StorageClass), a child of the RTJ, watched likewise.
+# Never deleted by the operator: with retention Delete the garbage collector removes it with the RTJ
+# (owner reference); with Retain it has no owner and stays.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create"]
 # What `kubectl describe rtj` shows.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Kueue (only for RTJs with a queue): the Workload of the gang's Job is read (admission, eviction) and
-# deactivated for spec.suspend or a failed job (Kueue's own way to stop a gang it admitted).
+# Kueue (only for RTJs with a queue): the Workload of the gang's Job is listed by its job-uid label
+# (admission, eviction) and deactivated for spec.suspend or a failed job (Kueue's own way to stop a gang
+# it admitted).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "patch"]
+  verbs: ["list", "patch"]
 {{- end }}
 
 {{- define "rtj-operator.clusterRules" -}}

@@ -96,6 +96,8 @@ def record_restart(d: Draft, tier: str, reason: str, message: str, platform: boo
         status.recovery.step_at_fault = (status.progress or {}).get("step")
     status.restart_started_time = status.restart_started_time or timestamp(d.now)
     d.metrics.append(lambda t=tier, r=reason: metrics.RESTARTS.labels(t, r).inc())
+    d.metrics.append(lambda t=tier, c=ladder.PLATFORM if platform else ladder.JOB:
+                     metrics.RESTARTS_CHARGED.labels(t, c).inc())
     if platform:
         status.disruptions += 1
     else:
