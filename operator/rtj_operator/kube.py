@@ -98,7 +98,7 @@ def _matches(obj: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 class Kube:
-    """Every API call the operator makes goes through here (tests/cluster/test_chart.py checks them against the
+    """Every API call the operator makes goes through here (tests/cluster/test_chart_install.py checks them against the
     chart's RBAC, from the API server's audit log)."""
 
     def __init__(self, client: kubernetes.client.ApiClient,
