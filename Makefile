@@ -28,16 +28,16 @@ demo: setup tools nvrx06 ## Real training under the operator, one fault per reco
 TIER = $(PYTHON) hack/tiers.py run
 PYTEST = $(PY) -m pytest --durations=15 --durations-min=2
 
-test: setup tools lint nvrx06 ## Lint and run every tier: two lanes at once, then e2e alone (local control plane, real Kueue; NVRx 0.6)
+test: setup tools lint nvrx06 ## Lint and run every tier: two at a time, then e2e alone (local control plane, real Kueue; NVRx 0.6)
 	rm -f $(TIER_LOG)
-	# Lane 1 builds the control plane and Kueue (cached) for the cluster tier, then runs the unit tier (which
-	# builds promtool and helm-unittest, also cached); lane 2 meanwhile runs the worker tiers. The e2e tier,
-	# real training under timeouts of seconds, then runs with the machine to itself.
-	$(PY) hack/tiers.py lanes "$(LANE_CLUSTER)" "$(LANE_LOCAL)"; rc=$$?; \
-		$(PY) hack/tiers.py lanes e2e || rc=1; $(PY) hack/tiers.py table; exit $$rc
+	# Two slots over TIERS in order (the cluster tier builds the control plane and Kueue first, cached; the unit
+	# tier builds promtool and helm-unittest, also cached); the slot that frees first takes the next tier. The
+	# e2e tier, real training under timeouts of seconds, then runs with the machine to itself.
+	$(PY) hack/tiers.py pool -j 2 $(TIERS); rc=$$?; \
+		$(PY) hack/tiers.py pool -j 1 e2e || rc=1; $(PY) hack/tiers.py table; exit $$rc
 
-LANE_CLUSTER ?= cluster worker-nvrx041 unit
-LANE_LOCAL ?= worker
+# Longest first: the cluster tier (and, on a cold machine, its Go builds) beside the worker's.
+TIERS ?= cluster worker worker-nvrx041 unit
 
 TIER_LOG ?= .tier-times.jsonl
 export RTJ_TIER_LOG = $(abspath $(TIER_LOG))

@@ -3,12 +3,12 @@ it started (user + system, the processes it waited for included), and their rati
 
     python hack/tiers.py run NAME -- CMD...          # run one tier, record its line in $RTJ_TIER_LOG
     python hack/tiers.py table                       # print the recorded lines as a table
-    python hack/tiers.py lanes "A B" "C D" [--logs DIR]   # make targets: each lane in order, lanes at once
+    python hack/tiers.py pool [-j 2] [--logs DIR] A B C   # make targets, 2 at a time, in this order
 
-`make test` runs two lanes at once (docs/development.md, "CI"): the tiers that need the Go-built
-control plane in one, the worker's and the unit tier in the other, so the second runs while the
-first builds or waits on timeouts. Each target's output goes to its own log, printed whole when it
-ends (CI's log reads tier by tier), with a line every few minutes naming what still runs.
+`make test` runs its tiers two at a time (docs/development.md, "CI"): the cluster tier (which builds the
+control plane first) beside the worker's, then whichever slot frees first takes the next tier; then
+the e2e tier alone. Each target's output goes to its own log, printed whole when it ends (CI's log
+reads tier by tier), with a line every few minutes naming what still runs.
 """
 
 from __future__ import annotations
@@ -55,16 +55,22 @@ def table() -> str:
 HEARTBEAT_SECONDS = 300.0
 
 
-def lanes(plan: list[list[str]], logs: Path, make: str = "make") -> int:
-    """Run each lane's make targets in order, the lanes at once; print each target's log whole when it
-    ends. Exit status: 0 if every target passed. A failed target does not stop its lane (`make -k`)."""
+def pool(targets: list[str], jobs: int, logs: Path, make: str = "make") -> int:
+    """Run the make targets `jobs` at a time, in the order given: whichever slot frees first takes the next
+    one. Each target's log is printed whole when it ends. Exit status: 0 if every target passed; a failed
+    target does not stop the others."""
     logs.mkdir(parents=True, exist_ok=True)
-    printing = threading.Lock()
+    printing, queue_lock = threading.Lock(), threading.Lock()
+    queue = list(targets)
     running: dict[str, float] = {}
     failed: list[str] = []
 
-    def lane(targets: list[str]) -> None:
-        for target in targets:
+    def slot() -> None:
+        while True:
+            with queue_lock:
+                if not queue:
+                    return
+                target = queue.pop(0)
             log = logs / f"{target}.log"
             start = time.monotonic()
             running[target] = start
@@ -80,7 +86,7 @@ def lanes(plan: list[list[str]], logs: Path, make: str = "make") -> int:
                 sys.stdout.buffer.write(log.read_bytes())
                 print(f"===== end of {target} =====", flush=True)
 
-    threads = [threading.Thread(target=lane, args=(targets,), daemon=True) for targets in plan]
+    threads = [threading.Thread(target=slot, daemon=True) for _ in range(max(1, jobs))]
     for t in threads:
         t.start()
     last = time.monotonic()
@@ -98,13 +104,18 @@ def lanes(plan: list[list[str]], logs: Path, make: str = "make") -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["lanes"]:
-        logs = Path(".tier-logs")
-        args = argv[1:]
-        if "--logs" in args:
-            i = args.index("--logs")
-            logs, args = Path(args[i + 1]), args[:i] + args[i + 2:]
-        return lanes([lane.split() for lane in args], logs, os.environ.get("MAKE", "make"))
+    if argv[:1] == ["pool"]:
+        logs, jobs, args = Path(".tier-logs"), 2, argv[1:]
+        while len(args) > 1 and args[0] in ("--logs", "-j", "--jobs"):
+            if args[0] == "--logs":
+                logs = Path(args[1])
+            else:
+                jobs = int(args[1])
+            args = args[2:]
+        if not args or any(a.startswith("-") for a in args):
+            print(__doc__, file=sys.stderr)
+            return 2
+        return pool(args, jobs, logs, os.environ.get("MAKE", "make"))
     if argv[:1] == ["run"] and "--" in argv:
         sep = argv.index("--")
         return run(argv[1], argv[sep + 1:])
