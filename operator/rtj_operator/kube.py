@@ -27,6 +27,8 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Event": ("/api/v1", "events", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),  # leader election (leader.py)
+    # The Service's endpoints, which cluster DNS serves (read while a gang waits for its coordinator's name).
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     # Kueue's (optional: only read for an RTJ with a queue).
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL, True),

@@ -74,6 +74,9 @@ PLATFORM_FAULT = "Platform"
 PERMANENT = "Permanent"
 RENDEZVOUS = "Rendezvous"
 PEER = "Peer"  # the pod's worker says a peer ended it: node 0's rendezvous store went away
+# The rendezvous host's name did not resolve in time: the cluster's DNS (or the publication of the host
+# pod's address) failed the gang before any launcher started; the platform's, and a new gang.
+UNRESOLVED = "Unresolved"
 
 # The coordinator pod (it hosts the gang's rendezvous) is gone: the platform's doing (its node lost, an
 # eviction, a deletion) or its own failure. Either way the rendezvous is gone with it: a new gang.
@@ -85,6 +88,7 @@ FINDINGS: dict[str, Meaning] = {
     PLATFORM_FAULT: Meaning(REPLACE_POD, PLATFORM),
     PERMANENT: Meaning(None, NOBODY, fails=True),
     RENDEZVOUS: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
+    UNRESOLVED: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
     PEER: Meaning(REPLACE_POD, PEERS),
     COORDINATOR_LOST: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
     COORDINATOR_FAILED: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
@@ -127,6 +131,8 @@ CONSEQUENCES: dict[str, Consequence] = {
     JOB_FAILURE: Consequence(counts_node_failure=True),
     COORDINATOR_LOST: COORDINATOR_GONE,
     COORDINATOR_FAILED: COORDINATOR_GONE,
+    UNRESOLVED: Consequence(gang_reason="the rendezvous host's name did not resolve",
+                            gang_reason_excused="the rendezvous host's name did not resolve"),
 }
 # By finding reason, in place of its kind's: a node its health agent reports bad is excluded.
 REASON_CONSEQUENCES: dict[str, Consequence] = {
@@ -136,8 +142,8 @@ NO_CONSEQUENCE = Consequence()
 
 # A pass charges platform findings first and peer findings last: a peer's failure may be explained
 # by a lost node (or the coordinator) seen in the same pass.
-CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, JOB_FAILURE: 1, RENDEZVOUS: 1,
-                PERMANENT: 1, PEER: 2}
+CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, UNRESOLVED: 0, JOB_FAILURE: 1,
+                RENDEZVOUS: 1, PERMANENT: 1, PEER: 2}
 
 # The worker's exit codes (rtj_worker.exit_codes, the contract with the entrypoint) -> (kind, reason).
 EXIT_CODES: dict[int, tuple[str, str]] = {
@@ -146,6 +152,7 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     exit_codes.LAUNCHER_BUDGET_EXHAUSTED: (JOB_FAILURE, "LauncherRestartsExhausted"),
     exit_codes.RENDEZVOUS_FAILED: (RENDEZVOUS, "RendezvousFailed"),
     exit_codes.RENDEZVOUS_HOST_LOST: (PEER, "RendezvousHostLost"),
+    exit_codes.RENDEZVOUS_HOST_UNRESOLVED: (UNRESOLVED, "RendezvousHostUnresolved"),
     # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
     exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
     exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),
@@ -660,7 +667,7 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
         if f.lost_node and f.lost_node in nodes:
             charges.append(Charge(f, NOBODY, why=DUPLICATE))  # charged already, through a pod of its gang
             continue
-        if f.kind == RENDEZVOUS and (platform or capacity):
+        if f.kind in (RENDEZVOUS, UNRESOLVED) and (platform or capacity):
             # Not charged, yet a new gang all the same: the launcher that timed out closed the gang's
             # rendezvous for good (NVRx 0.6's barrier and torch's c10d alike), so no pod joins it again.
             charges.append(Charge(f, NOBODY, meaning.tier, message=f.message, why=EXCUSED,

@@ -20,6 +20,7 @@ from .builders.names import selector_labels
 from .conditions import is_true
 from .copies import clone
 from .kube import Kube, KubeError
+from .policies.pods import coordinator_attempt, gated
 from .spec import RTJ
 from .stores import Stores
 
@@ -28,6 +29,7 @@ StorageCheck = Callable[[RTJ], tuple[bool, str, str]]
 # A cloud check of a lost node (fencing.py): evidence that it runs nothing any more, or ''.
 CloudFencing = Callable[[dict[str, Any]], str]
 ZONE_LABEL = "topology.kubernetes.io/zone"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"  # an EndpointSlice's Service (the EndpointSlice controller's)
 
 
 def owned_by(obj: dict[str, Any] | None, uid: str) -> bool:
@@ -61,6 +63,9 @@ class World:
     workload_error: str = ""
     # Whether this pass read the Workload (a running, admitted gang's is not read: status keeps it).
     workload_read: bool = False
+    # Whether the Service's EndpointSlices list the coordinator's address (cluster DNS serves its name from
+    # them), read only while the gang's pods wait for it (see probe); None: not read, or not readable.
+    coordinator_published: bool | None = None
     # Pods of the current Job deleted moments ago, as last seen (stores.py `departed`): only their
     # termination reports are read (the final checkpoint step of a gang stopped by a suspend).
     departed: list[dict[str, Any]] = field(default_factory=list)
@@ -125,6 +130,7 @@ class World:
         if fitting is not None and waiting:
             self.fitting_nodes = fitting(build_job(rtj)["spec"]["template"]["spec"])
         self.workload, self.workload_error, self.workload_read = read_workload(kube, self, rtj)
+        self.coordinator_published = read_published(kube, self, rtj)
         if storage_check is not None and self.job is None and not self.rtj["metadata"].get("deletionTimestamp"):
             self.storage = storage_check(rtj)
         desired = changed_template(self, rtj)
@@ -160,6 +166,35 @@ def dry_run_template(kube: Kube, job: dict[str, Any]) -> tuple[bool, str]:
             # A pod refused for another reason (a full ResourceQuota the running gang holds, RBAC): not
             # the spec's fault, and the Job controller retries its pods.
     return True, ""
+
+
+def read_published(kube: Kube, world: World, rtj: RTJ) -> bool | None:
+    """Whether the coordinator's address is in its Service's EndpointSlices, the source cluster DNS serves
+    its name from: read only while the gang's pods are held for the coordinator, once it has an address.
+    An address is not yet a name: the EndpointSlice controller publishes it after its own queue, which
+    backs off (1 s, 2 s, 4 s, ...) whenever its cache lags its writes, as on a busy control plane; a worker
+    released meanwhile spends its rendezvous timeout waiting for DNS. None: not read (not waiting), or
+    not readable (RBAC): the gate then goes by the address alone."""
+    coordinator = world.coordinator
+    attempt = int((world.rtj.get("status") or {}).get("attempt") or 1)
+    if (world.job is None or coordinator is None or coordinator["metadata"].get("deletionTimestamp")
+            or not (coordinator.get("status") or {}).get("podIP") or coordinator_attempt(coordinator) != attempt
+            or not any(gated(p) for p in world.pods)):
+        return None
+    try:
+        slices = kube.list("EndpointSlice", rtj.namespace, {SERVICE_NAME_LABEL: service_name(rtj)})
+    except KubeError as exc:
+        if exc.status in (403, 404):
+            return None
+        raise
+    return published(slices, coordinator)
+
+
+def published(slices: list[dict[str, Any]], pod: dict[str, Any]) -> bool:
+    """Whether one of `slices` lists `pod` (by uid) at its current address."""
+    uid, ip = pod["metadata"].get("uid"), (pod.get("status") or {}).get("podIP")
+    return any((e.get("targetRef") or {}).get("uid") == uid and ip in (e.get("addresses") or [])
+               for s in slices for e in s.get("endpoints") or [])
 
 
 def read_workload(kube: Kube, world: World, rtj: RTJ) -> tuple[dict[str, Any] | None, str, bool]:

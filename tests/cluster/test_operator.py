@@ -8,12 +8,20 @@ import pytest
 from clusterkit import Job, wait_passes
 from rtj_operator import api
 from rtj_operator.kube import KubeError
+from rtj_operator.world import SERVICE_NAME_LABEL, published
 from testkit import wait_until
 
 
 def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, ns, operator):
+    calls: list[tuple[str, str]] = []
+    operator.kube._on_call = lambda verb, kind: calls.append((verb, kind))
     rtj.create(storage={"storageClassName": "fsx-sc", "retention": "Delete"})
     st = rtj.wait_running(nodes=2)
+    # The gang's pods were released once the coordinator's name was published: the operator, with the
+    # chart's grants, listed the Service's EndpointSlices, which the real controller filled.
+    assert ("list", "EndpointSlice") in calls
+    assert published(operator.kube.list("EndpointSlice", ns, {SERVICE_NAME_LABEL: "train"}),
+                     kube.get("Pod", "train-rdzv", ns))
     uid = rtj.body()["metadata"]["uid"]
     for kind, name in (("Service", "train"), ("Job", "train"), ("PersistentVolumeClaim", "train-ckpt"),
                        ("Pod", "train-rdzv")):

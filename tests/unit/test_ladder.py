@@ -73,6 +73,7 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod("Failed", **terminated(70)), node(), ladder.JOB_FAILURE, "LauncherRestartsExhausted", ""),
     (pod("Failed", **terminated(71)), node(), ladder.RENDEZVOUS, "RendezvousFailed", ""),
     (pod("Failed", **terminated(72)), node(), ladder.PEER, "RendezvousHostLost", ""),
+    (pod("Failed", **terminated(76)), node(), ladder.UNRESOLVED, "RendezvousHostUnresolved", ""),
     (pod("Failed", **terminated(73)), node(), ladder.PLATFORM_FAULT, "NodeUnhealthy", ""),
     (pod("Failed", **terminated(74)), node(), ladder.PEER, "GangStopped", ""),
     (pod("Failed", **terminated(75)), node(), ladder.JOB_FAILURE, "LauncherNoProgress", ""),
@@ -129,6 +130,7 @@ PEER_EXIT_OLD = finding(ladder.PEER, "p2", "RendezvousHostLost", age=61)
 RDZV_1 = finding(ladder.RENDEZVOUS, "p1", "RendezvousFailed")
 RDZV_2 = finding(ladder.RENDEZVOUS, "p2", "RendezvousFailed")
 CRASH = finding(ladder.JOB_FAILURE, "p1", "ExitCode1")
+UNRESOLVED_1 = finding(ladder.UNRESOLVED, "p1", "RendezvousHostUnresolved")
 LOST_N0 = {"n0": "NodeUnreachable"}
 
 
@@ -155,6 +157,10 @@ LOST_N0 = {"n0": "NodeUnreachable"}
     # Every pod reports the same failed rendezvous: one charge per attempt.
     ([RDZV_1, RDZV_2], ladder.Fault(2), {}, [("p1", ladder.JOB, ""), ("p2", ladder.NOBODY, ladder.DUPLICATE)],
      ladder.Fault(2, (), 1)),
+    # The rendezvous host's name did not resolve: the cluster's DNS, once per attempt, and the peer that
+    # gave up on the rendezvous meanwhile follows from it (charged first, whatever the order found).
+    ([RDZV_2, UNRESOLVED_1], ladder.Fault(1), {},
+     [("p1", ladder.PLATFORM, ""), ("p2", ladder.NOBODY, ladder.EXCUSED)], ladder.Fault(1, (), 1, True)),
     # While a platform fault's replacement waits (no capacity), the survivors' failed rendezvous follow from it.
     ([RDZV_1], ladder.Fault(1, ("n0",), 1, True), {}, [("p1", ladder.NOBODY, ladder.EXCUSED)],
      ladder.Fault(1, ("n0",), 1, True)),

@@ -20,6 +20,7 @@ from rtj_operator.builders.names import selector_labels
 from rtj_operator.policies import placement
 from rtj_operator.reconcile import Config, reconcile
 from rtj_operator.spec import RTJ, _affinity_errors, semantic_errors
+from rtj_operator.world import published
 from rtj_worker import exit_codes
 from testkit import rtj_body
 
@@ -203,6 +204,34 @@ def test_a_new_gangs_pods_wait_for_the_coordinators_address_at_most_the_rendezvo
     assert bool([a for a in intent.actions if a.verb == UNGATE]) is released
     if not released:
         assert intent.requeue.seconds <= 60 - job_age
+
+
+@pytest.mark.parametrize("published,job_age,released,recheck", [
+    (None, 5, True, None),  # not read (no grant): the address alone
+    (True, 5, True, None),
+    # An address, not yet a name (CI: the EndpointSlice controller backing off on a busy control plane):
+    # held, looked at again each second, as no watch says when it is published.
+    (False, 5, False, 1.0),
+    (False, 61, True, None),  # bounded as for the address: the workers' own 76 then says why
+])
+def test_a_new_gangs_pods_wait_for_the_coordinators_name_to_be_published(published, job_age, released, recheck):
+    w = W(resiliency={"rendezvousTimeoutSeconds": 60}).coordinator(1)
+    w.world.coordinator_published = published
+    w.world.job["metadata"]["creationTimestamp"] = ts(job_age)
+    w.world.pods = [gated(p) for p in w.world.pods]
+    intent = w.run()
+    assert bool([a for a in intent.actions if a.verb == UNGATE]) is released
+    if recheck is not None:
+        assert intent.requeue.seconds == pytest.approx(recheck, abs=0.01)
+
+
+def test_an_endpoint_is_the_coordinators_by_uid_and_address():
+    coord = {"metadata": {"uid": "u1"}, "status": {"podIP": "10.0.0.9"}}
+    endpoint = {"addresses": ["10.0.0.9"], "hostname": "train-rdzv", "targetRef": {"kind": "Pod", "uid": "u1"}}
+    assert published([{"endpoints": [endpoint]}], coord)
+    assert not published([{"endpoints": [{**endpoint, "targetRef": {"uid": "u0"}}]}], coord)  # an older pod's
+    assert not published([{"endpoints": [{**endpoint, "addresses": ["10.0.0.8"]}]}], coord)  # its old address
+    assert not published([{"endpoints": None}, {}], coord)
 
 
 def unplaced_coordinator(w: W, bound_ago: float | None = None) -> W:

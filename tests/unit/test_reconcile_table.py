@@ -264,6 +264,17 @@ def test_a_failed_rendezvous_restarts_the_gang_once():
     assert st.recovery.pending_gang_restart == "RendezvousFailed" and intent.requeue.act
 
 
+def test_a_rendezvous_host_that_never_resolved_is_a_disruption_and_a_new_gang():
+    # The cluster's DNS published the coordinator's name too late (CI: an EndpointSlice controller
+    # backing off on a busy machine): not the training code's, and no launcher ever started.
+    w = W()
+    w.world.pods = [pod(0, "Failed", code=exit_codes.RENDEZVOUS_HOST_UNRESOLVED),
+                    pod(1, "Failed", code=exit_codes.RENDEZVOUS_HOST_UNRESOLVED)]
+    st = w.run().status
+    assert (st.disruptions, st.job_restarts, st.restarts_without_progress, st.attempt) == (1, 0, 0, 2)
+    assert st.recovery.pending_gang_restart == "RendezvousHostUnresolved"
+
+
 def test_node_0_lost_and_its_peers_rendezvous_exit_are_one_disruption():
     w = W()
     w.world.nodes["n0"] = node("n0", "Unknown", since=5)

@@ -232,10 +232,10 @@ def test_config_errors_exit_as_permanent(tmp_path, env, fragment):
     assert fragment in json.loads((tmp_path / "t").read_text())["reason"]
 
 
-def test_unresolvable_peer_dns_times_out_as_rendezvous_failure(tmp_path):
+def test_unresolvable_rendezvous_host_exits_as_such(tmp_path):
     env = {"NODE_RANK": "1", "NNODES": "2", "RTJ_RDZV_ENDPOINT": "train-0.train.nowhere.invalid:29400",
            "RTJ_RDZV_TIMEOUT": "1", "RTJ_TERMINATION_LOG": str(tmp_path / "t")}
-    assert run(["python", "-c", "pass"], env) == exit_codes.RENDEZVOUS_FAILED
+    assert run(["python", "-c", "pass"], env) == exit_codes.RENDEZVOUS_HOST_UNRESOLVED
     assert "did not resolve within 1s" in json.loads((tmp_path / "t").read_text())["reason"]
 
 

@@ -12,8 +12,8 @@ never from a rank's output:
 - 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
 - 65 PERMANENT_FAILURE: the script asked to stop for good (a rank left a 'permanent' marker);
 - 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
-- 71 RENDEZVOUS_FAILED: peers never resolved or never joined: no rank was ever started, or a later
-  rendezvous round timed out (the peers this node trained with were lost and not replaced in time);
+- 71 RENDEZVOUS_FAILED: peers never joined: no rank was ever started, or a later rendezvous round
+  timed out (the peers this node trained with were lost and not replaced in time);
 - 72 RENDEZVOUS_HOST_LOST: ranks ran, then the rendezvous store on node 0 stopped answering (node 0
   was lost or its pod ended; NVRx 0.4.1's RendezvousConnectionError or 0.6's DistNetworkError): a
   peer's failure, which the operator does not charge to this pod;
@@ -23,6 +23,8 @@ never from a rank's output:
   gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
 - 75 NO_PROGRESS: NVRx's progress tracker refused further restarts (no checkpoint progress in
   --ft-max-no-progress-cycles restarts), or NVRx 0.7's launcher exited 93 ("do not restart");
+- 76 RENDEZVOUS_HOST_UNRESOLVED: the rendezvous host's name (the coordinator's, or node 0's) did not
+  resolve within the rendezvous timeout: ft_launcher was not started (cluster DNS, not the script);
 - 128 + signal (143 SIGTERM, 130 SIGINT): the pod was told to stop. Whatever ft_launcher returned:
   the entrypoint asks the ranks to save and stop (rtj_worker.stop) and forwards the signal to
   ft_launcher (which forwards it to the ranks and SIGKILLs them after --term-timeout), and exits
@@ -278,7 +280,7 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         return stopped(cfg.checkpoint_dir, f"while waiting for {cfg.rdzv_host} (node 0) to resolve: "
                        "ft_launcher was not started")
     if not resolved:
-        return finish(exit_codes.RENDEZVOUS_FAILED, f"{cfg.rdzv_host} did not resolve within "
+        return finish(exit_codes.RENDEZVOUS_HOST_UNRESOLVED, f"{cfg.rdzv_host} did not resolve within "
                       f"{cfg.rdzv_timeout}s", cfg.checkpoint_dir)
 
     # Ranks leave a 'permanent' marker here to stop for good (rtj_worker.events.mark); the entrypoint

@@ -15,7 +15,7 @@ CONFIG_ERROR = 64
 PERMANENT_FAILURE = 65
 # A rank failed and ft_launcher spent its restart budget inside this pod: a new pod may help.
 LAUNCHER_BUDGET_EXHAUSTED = 70
-# Peers never became reachable (DNS or c10d rendezvous timed out), or, after training ran, a later
+# Peers never became reachable (the c10d rendezvous timed out), or, after training ran, a later
 # rendezvous round timed out (the peers were lost and not replaced in time): only a new gang helps.
 RENDEZVOUS_FAILED = 71
 # Training ran, then the rendezvous store (hosted by node 0's launcher) went away: node 0 was lost or
@@ -32,6 +32,10 @@ GANG_STOPPED = 74
 # --ft-max-no-progress-cycles restarts), or NVRx >= 0.7's launcher exited 93 ("do not restart"). A
 # new pod or gang may still progress (a bad node, a transient fault): not permanent.
 NO_PROGRESS = 75
+# The rendezvous host's name (the coordinator's, or node 0's) did not resolve within
+# rendezvousTimeoutSeconds, so ft_launcher was never started: the cluster's DNS, or the publication of
+# the host pod's address (EndpointSlice), is late or broken. Not the training code: only a new gang helps.
+RENDEZVOUS_HOST_UNRESOLVED = 76
 
 PERMANENT = frozenset({CONFIG_ERROR, PERMANENT_FAILURE})
 # Container runtimes report a signal death as 128 + signal: SIGKILL, the container was killed (by the

@@ -101,6 +101,13 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create"]
+# The gang's Service's endpoints, listed (by the Service's name label) only while a new gang's pods wait
+# for their coordinator: a worker resolves the coordinator's name first, and cluster DNS serves it from
+# these, published a while after the coordinator has an address. Without the grant, the pods wait for
+# the address alone.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list"]
 # What `kubectl describe rtj` shows.
 - apiGroups: [""]
   resources: ["events"]

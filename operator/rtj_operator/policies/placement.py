@@ -22,6 +22,9 @@ MAX_EXCLUDED = 16
 REPEATED_FAILURES = 2
 MAX_NODE_FAILURES = 64
 HOSTNAME_FIELD = "metadata.name"
+# How often a gang held for its coordinator's name looks again, once the coordinator has an address: no
+# watch feeds the EndpointSlices (World.coordinator_published), and the controller publishes within seconds.
+PUBLISHED_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -208,23 +211,26 @@ def release_gated(d: Draft) -> None:
 
 
 def awaiting_coordinator(d: Draft) -> tuple[bool, float | None]:
-    """Whether the gang's gated pods wait for the coordinator of their attempt to have an address, and
-    when to look again if that wait is bounded (the coordinator's own events wake the job sooner).
+    """Whether the gang's gated pods wait for the coordinator of their attempt to have a name, and when
+    to look again if that wait is bounded (the coordinator's own events wake the job sooner).
 
     A worker's first act is to resolve the coordinator's name, within rendezvousTimeoutSeconds, and a
-    name that does not resolve in time fails the pod (71, charged). The Service publishes not-ready
-    addresses, so the name resolves once the coordinator has an IP: until then the gate stays (CI: a
-    coordinator slow to start on a busy node cost a job a gang restart). Bounded: once the Job is
-    rendezvousTimeoutSeconds old, and the coordinator as long bound to a node, the pods go anyway,
-    and their own wait says what is wrong. A coordinator the scheduler finds no node for keeps them
-    gated with no such bound: that wait is WaitingForCapacity's (wait_for_capacity), never the job's."""
+    name that does not resolve in time fails the pod (76: the platform's, and a new gang). The Service
+    publishes not-ready addresses, so the name resolves once the coordinator has an IP and the
+    EndpointSlice controller has published it (world.coordinator_published; polled, as no watch feeds
+    it): until then the gate stays (CI: a coordinator slow to start on a busy node, then an
+    EndpointSlice published 20 s after its address, each cost a job a gang restart). Bounded: once the
+    Job is rendezvousTimeoutSeconds old, and the coordinator as long bound to a node, the pods go
+    anyway, and their own wait says what is wrong. A coordinator the scheduler finds no node for keeps
+    them gated with no such bound: that wait is WaitingForCapacity's (wait_for_capacity), never the job's."""
     if not d.rtj.spec["coordinator"]["enabled"] or d.world.job is None:
         return False, None
     coordinator = d.world.coordinator
     if coordinator is not None and coordinator_attempt(coordinator) != d.status.attempt:
         coordinator = None  # an older gang's: it says nothing of this one
-    if (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
-            and (coordinator.get("status") or {}).get("podIP")):
+    addressed = (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
+                 and (coordinator.get("status") or {}).get("podIP"))
+    if addressed and d.world.coordinator_published is not False:
         return False, None
     if coordinator_unschedulable(d):
         return True, None  # wait_for_capacity says so and bounds it (capacityTimeoutSeconds)
@@ -233,4 +239,4 @@ def awaiting_coordinator(d: Draft) -> tuple[bool, float | None]:
     left = d.rtj.spec["resiliency"]["rendezvousTimeoutSeconds"] - ((d.now - max(since)).total_seconds() if since else 0)
     if left <= 0:
         return False, None
-    return True, max(0.5, left)
+    return True, max(0.5, min(left, PUBLISHED_POLL_SECONDS) if addressed else left)
