@@ -156,6 +156,8 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
     exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
     exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),
+    # Only the coordinator exits so (its nvrx-control raised): CoordinatorLost, the platform's.
+    exit_codes.RENDEZVOUS_CONTROL_FAILED: (PLATFORM_FAULT, "RendezvousControlFailed"),
     # NVRx stopped restarting for lack of checkpoint progress: a new pod (often on another node) may
     # progress; restartBudget.maxRestartsWithoutProgress decides, never the Job controller (FailJob).
     exit_codes.NO_PROGRESS: (JOB_FAILURE, "LauncherNoProgress"),

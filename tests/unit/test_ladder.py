@@ -74,6 +74,7 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod("Failed", **terminated(71)), node(), ladder.RENDEZVOUS, "RendezvousFailed", ""),
     (pod("Failed", **terminated(72)), node(), ladder.PEER, "RendezvousHostLost", ""),
     (pod("Failed", **terminated(76)), node(), ladder.UNRESOLVED, "RendezvousHostUnresolved", ""),
+    (pod("Failed", **terminated(77)), node(), ladder.PLATFORM_FAULT, "RendezvousControlFailed", ""),
     (pod("Failed", **terminated(73)), node(), ladder.PLATFORM_FAULT, "NodeUnhealthy", ""),
     (pod("Failed", **terminated(74)), node(), ladder.PEER, "GangStopped", ""),
     (pod("Failed", **terminated(75)), node(), ladder.JOB_FAILURE, "LauncherNoProgress", ""),

@@ -521,6 +521,15 @@ def test_a_crashed_coordinator_is_the_jobs_failure_and_a_finished_one_is_nothing
     finished = W()
     finished.world.coordinator["status"] = {"phase": "Succeeded"}
     assert finished.run().status.attempt == 1
+    # Its nvrx-control raised (issue 27.6: it used to exit 0, and nobody looked until the workers lost
+    # their store): the rendezvous is gone, the platform's doing, and a new gang at once.
+    control = W()
+    control.world.coordinator["status"] = {"phase": "Failed", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": exit_codes.RENDEZVOUS_CONTROL_FAILED, "finishedAt": ts(1)}}}]}
+    st = control.run().status
+    assert (st.disruptions, st.job_restarts, st.attempt) == (1, 0, 2)
+    assert st.recovery.pending_gang_restart == "CoordinatorLost"
+    assert "RendezvousControlFailed" in st.last_failure_message
 
 
 def test_node_0_hosts_nothing_with_the_coordinator_and_everything_without_it():

@@ -189,7 +189,15 @@ def test_agreement_collectives_use_the_groups_device(group, monkeypatch):
         _device_types = [torch.device("meta")]
 
     seen = []
-    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None: seen.append(tensor.device))
+    class Done:  # a collective's handle, completed
+        def is_completed(self) -> bool:
+            return True
+
+        def wait(self) -> None:
+            pass
+
+    monkeypatch.setattr(dist, "all_reduce",
+                        lambda tensor, op=None, group=None, async_op=False: seen.append(tensor.device) or Done())
     with contextlib.suppress(RuntimeError):  # .item() of the fake all-reduce's meta tensor
         agree_min(1, NcclLikeGroup())  # type: ignore[arg-type]
     assert seen == [torch.device("meta")]

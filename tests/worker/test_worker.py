@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from rtj_dev import slowfs
 from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
 from rtj_worker.launch import NO_PROGRESS_LINE, training_command
@@ -675,6 +676,31 @@ def test_a_save_slower_than_the_interval_is_skipped_not_waited_for(tmp_path, cle
     assert run_.result() == clean_run
 
 
+# --- issue 27: real-size state --------------------------------------------------------------------------
+SOFT, HARD = 5, 8  # the in-process Wrapper's timeouts, short so that a save can outlast them three times
+
+
+@pytest.mark.skipif(not slowfs.usable(), reason="slowfs mounts FUSE: needs root and /dev/fuse")
+def test_a_final_save_three_times_longer_than_the_hard_timeout_commits(tmp_path):
+    """Issue 27.1: the Wrapper's watchdog sees only the main thread's bytecode, and the final save and
+    finalize() were one native wait each: every attempt reached the last step, was killed in its final
+    save, and committed nothing. Here the checkpoint volume (hack/slowfs: a simulation of FSx for Lustre,
+    which cannot run here) makes the reference trainer's 3 MB state write as a 9.6 GB one would at
+    300 MB/s (~30 s), at the volume, where a user's script would feel it the same way."""
+    ckpt = tmp_path / "ckpt"
+    with slowfs.SlowVolume(tmp_path / "backing", ckpt, write_bps=slowfs.FSX_BPS, read_bps=slowfs.FSX_BPS,
+                           scale=9.6e9 / 3.3e6):
+        run_ = local.start(tmp_path, ["--steps", "40", "--step-seconds", "0.05"], heartbeat=120,
+                           RTJ_CHECKPOINT_INTERVAL="1000", RTJ_INPROCESS_SOFT_TIMEOUT=str(SOFT),
+                           RTJ_INPROCESS_HARD_TIMEOUT=str(HARD)).wait(300)
+        assert run_.code == exit_codes.OK, run_.log[-3000:]
+        assert ckpt_index.complete_steps(ckpt)[0] == 40 and run_.report["checkpointStep"] == 40
+    assert len(run_.starts()) == 2  # no restart of any kind
+    last_step = max(e["t"] for e in run_.timeline if e["event"] == "step")
+    saved = min(e["t"] for e in run_.timeline if e["event"] == "done") - last_step
+    assert saved > 3 * HARD, f"the final save took {saved:.1f} s: the volume no longer makes it outlast the timeout"
+
+
 # --- issue 19: the coordinator, hot spares ---------------------------------------------------------------
 def _coordinator(tmp_path: Path, nnodes: str, port: int) -> subprocess.Popen[bytes]:
     """`python -m rtj_worker.coordinator` as its pod runs it: the rendezvous and the ranks' stores."""
@@ -832,6 +858,22 @@ def test_the_coordinator_runs_nvrx_control_as_the_launchers_rendezvous():
     args = control_args({"RTJ_NNODES": "8:9", "RTJ_RDZV_ID": "uid-3", "RTJ_RDZV_TIMEOUT": "600"}, 29400)
     assert args == ["--nnodes=8:9", "--rdzv-endpoint=0.0.0.0:29400", "--rdzv-id=uid-3", "--rdzv-backend=c10d",
                     "--rdzv-conf=join_timeout=600", "--ft-enable-log-server=false"]
+
+
+def test_a_coordinator_whose_nvrx_control_raised_exits_as_failed(monkeypatch):
+    """Issue 27.6: it exited 0, and the operator ignores a Succeeded coordinator until the workers lose
+    their store; now it ends at once with a code of its own, which the operator restarts the gang for."""
+    from nvidia_resiliency_ext.fault_tolerance import control_plane
+
+    from rtj_worker import coordinator
+
+    def closing_fails(args: object) -> None:
+        raise RuntimeError("round 3 did not close within 600 s")
+
+    monkeypatch.setattr(control_plane, "run", closing_fails)
+    monkeypatch.setattr(coordinator, "stores", lambda port, timeout: [])
+    env = {"RTJ_RDZV_PORT": "29400", "RTJ_NNODES": "2:2", "RTJ_RDZV_ID": "uid-1"}
+    assert coordinator.main(env) == exit_codes.RENDEZVOUS_CONTROL_FAILED
 
 
 @pytest.mark.parametrize("soft, hard, rendezvous", [

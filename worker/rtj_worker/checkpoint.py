@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from . import ckpt_index, events
+from . import ckpt_index, events, waits
 from .ckpt_index import step_dir
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,11 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
 
 def agree_min(value: int, group: dist.ProcessGroup | None = None) -> int:
-    """The minimum of `value` over all ranks (collective)."""
+    """The minimum of `value` over all ranks (collective). Waited for in polls (waits.py): a rank whose
+    write finished first waits here for the slowest one, minutes on a slow volume; the group's own
+    timeout bounds it."""
     tensor = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+    waits.work(dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group, async_op=True), None, "an agreement")
     return int(tensor.item())
 
 
@@ -285,9 +287,10 @@ class Checkpointer:
             self._pending = (step, tmp, self._async_save(state, tmp))
         else:
             ok = True
-            try:
-                dcp.save(state, storage_writer=self._writer(tmp), process_group=self.io_group)
-            except FAILURES as exc:
+            try:  # fsync blocks for the whole flush: in a thread, waited for in polls (waits.py)
+                waits.call(lambda: dcp.save(state, storage_writer=self._writer(tmp), process_group=self.io_group),
+                           self.io_timeout, f"checkpoint step {step}'s write")
+            except FAILURES as exc:  # a TimeoutError too: the write is left behind, never committed
                 log.error("rank %d: checkpoint step %d failed to write: %s", self.rank, step, exc)
                 ok = False
             self._commit(step, tmp, ok)
@@ -307,7 +310,7 @@ class Checkpointer:
             return True
         if timeout is not None:
             with contextlib.suppress(*FAILURES, TimeoutError):  # a failed write is _finish()'s to report
-                self._pending[2].result(timeout=max(0.0, timeout))
+                waits.result(self._pending[2], max(0.0, timeout), f"checkpoint step {self._pending[0]}'s write")
             if not agree_min(int(self._pending[2].done()), self.group):
                 log.error("rank %d: checkpoint step %d still being written after %.0f s: not committed",
                           self.rank, self._pending[0], timeout)
@@ -321,15 +324,17 @@ class Checkpointer:
         step, tmp, future = self._pending
         self._pending = None
         ok = True
-        # A thread cannot be stopped: it is waited for (its collectives time out with io_group's
-        # timeout). A writer process can: it gets as long as a collective, plus its spawn.
-        bound = self.io_timeout + PROCESS_SPAWN_SECONDS if self.writer == "process" else None
+        # A write gets as long as a collective (io_group's timeout, the checkpointing section's), plus
+        # its spawn for a writer process, waited for in polls (waits.py). Past that a writer process is
+        # killed; a thread cannot be stopped, and is left to fail (its collectives time out).
+        bound = self.io_timeout + (PROCESS_SPAWN_SECONDS if self.writer == "process" else 0.0)
         try:
-            future.result(timeout=bound)
+            waits.result(future, bound, f"checkpoint step {step}'s write")
         except concurrent.futures.TimeoutError:
-            log.error("rank %d: checkpoint step %d still being written after %.0f s: writer process killed",
-                      self.rank, step, bound)
-            stop_writer_process(future)
+            log.error("rank %d: checkpoint step %d still being written after %.0f s: %s", self.rank, step, bound,
+                      "writer process killed" if self.writer == "process" else "not committed")
+            if self.writer == "process":
+                stop_writer_process(future)
             ok = False
         except FAILURES as exc:  # the write failed (I/O error, a peer gone): never commit it
             log.error("rank %d: checkpoint step %d failed to write: %s", self.rank, step, exc)
@@ -347,7 +352,7 @@ class Checkpointer:
         pending = self._pending[2] if self._pending is not None else None
         if pending is not None and timeout > 0:
             with contextlib.suppress(*FAILURES, concurrent.futures.TimeoutError):
-                pending.result(timeout=timeout)
+                waits.result(pending, timeout, "an abandoned checkpoint write")
         self._pending = None
         if self.writer == "process":  # its world is this group's: the next group needs a new one
             stop_writer_process(pending)
@@ -395,9 +400,11 @@ class Checkpointer:
                 return 0
             if agree_min(int(candidate in mine), self.group):
                 ok = 1
-                try:
-                    dcp.load(state, checkpoint_id=step_dir(self.root, candidate), process_group=self.io_group)
-                except FAILURES as exc:  # unreadable shard: DCP raises on every rank
+                try:  # minutes for real-size state: in a thread, waited for in polls (waits.py)
+                    waits.call(lambda c=candidate: dcp.load(state, checkpoint_id=step_dir(self.root, c),
+                                                            process_group=self.io_group),
+                               self.io_timeout, f"checkpoint step {candidate}'s load")
+                except FAILURES as exc:  # unreadable shard: DCP raises on every rank (a TimeoutError here too)
                     log.warning("rank %d: checkpoint step %d does not load: %s", self.rank, candidate, exc)
                     ok = 0
                 if agree_min(ok, self.group):

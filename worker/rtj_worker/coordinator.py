@@ -9,7 +9,10 @@ needs no host, its launchers close the rounds on the store themselves.
 The stores are multi-tenant masters made here first, so nvrx-control's own store on P shares this
 process's server, and all of them outlive its loop: a spare that polls as the gang finishes still
 finds the shutdown key (0.6.0's nvrx-control drops its store the moment it sees it). Exits 0 once the
-rendezvous is over (the gang finished or gave up) and its grace has passed, or on SIGTERM.
+rendezvous is over (the gang finished or gave up) and its grace has passed, or on SIGTERM; 77
+(RENDEZVOUS_CONTROL_FAILED) at once if nvrx-control raised: the operator, which ignores a Succeeded
+coordinator (its gang's workers say why it ended), then sees the rendezvous fail and starts a new gang
+instead of waiting for the workers to lose their store.
 """
 
 from __future__ import annotations
@@ -70,8 +73,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
         # It installs its own SIGTERM handler (its loop ends at once) and restores ours after.
         try:
             control_plane.run(control_plane.parse_args(control_args(env, port)))
-        except Exception as exc:  # its loop ended badly: the launchers see the rendezvous close
-            log.error("nvrx-control ended: %s", exc)
+        except Exception as exc:  # its loop ended badly: this gang's rendezvous is over
+            log.exception("nvrx-control ended with an error: %s", exc)
+            return exit_codes.RENDEZVOUS_CONTROL_FAILED
         log.info("the rendezvous is over; the stores stay up %.0f s", LINGER_SECONDS)
         stop.wait(LINGER_SECONDS)
     else:

@@ -36,6 +36,10 @@ NO_PROGRESS = 75
 # rendezvousTimeoutSeconds, so ft_launcher was never started: the cluster's DNS, or the publication of
 # the host pod's address (EndpointSlice), is late or broken. Not the training code: only a new gang helps.
 RENDEZVOUS_HOST_UNRESOLVED = 76
+# The coordinator's (never a worker's): NVRx 0.6's rendezvous host, nvrx-control, ended with an error (a
+# round that could not close in time, its store gone): the gang's rendezvous is gone with it. Not the
+# training code: a new gang, charged to the platform.
+RENDEZVOUS_CONTROL_FAILED = 77
 
 PERMANENT = frozenset({CONFIG_ERROR, PERMANENT_FAILURE})
 # Container runtimes report a signal death as 128 + signal: SIGKILL, the container was killed (by the
