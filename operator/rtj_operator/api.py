@@ -607,6 +607,13 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                        "c10d rendezvous port P on node 0; the training store uses P+1 and "
                                        "inprocess.Wrapper's store P+2, so all three must be free."),
                 "rendezvousTimeoutSeconds": _int(600, 10, 7200, "How long a pod waits for peer DNS."),
+                "terminationGracePeriodSeconds": _int(
+                    120, 30, 86400, "The pods' grace period: what a stop (a drain, a spot reclaim, a suspend, "
+                    "a deletion) gives the ranks to save the step they reached and exit. Size it to the "
+                    "checkpoint's write time (status.progress.checkpointWriteSeconds: 96 GB at 300 MB/s "
+                    "takes about 320 s) plus a margin; a Warning event StopGraceTooShort says when the "
+                    "measured write no longer fits. A spot reclaim gives 120 s whatever this says. A change "
+                    "applies to a new gang (the Job is replaced)."),
             },
             default={},
             description="The timeouts and budgets of the layers inside the job (in-process restart, ft_launcher).",
@@ -764,6 +771,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                                                   "(= lastCheckpointStep)."},
              "checkpointTime": _str("When that checkpoint was committed.", format="date-time"),
              "checkpointAgeSeconds": {"type": "number", "description": "The checkpoint's age at updateTime."},
+             "checkpointWriteSeconds": {"type": "number", "description": "How long that checkpoint took to write, "
+                                        "from the save's start to its commit (its slowest pod's): what a stop "
+                                        "must fit in terminationGracePeriodSeconds (event StopGraceTooShort)."},
              "reportingPods": {"type": "integer", "description": "Pods of the current Job with a report."},
              "trainingPods": {"type": "integer", "description": "Of those, pods whose ranks are training (the "
                                                                 "others wait: a rendezvous, a hot spare, a recovery)."},

@@ -55,6 +55,7 @@ class Report:
     step_seconds: float | None = None
     ckpt: int | None = None
     ckpt_at: float | None = None
+    ckpt_seconds: float | None = None  # how long that checkpoint took to write (save to commit)
     leader: bool = False
     resumed: int | None = None  # the checkpoint step the pod's current run resumed from
     run_since: float | None = None  # when that run began
@@ -105,6 +106,7 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
         pod=meta["name"], uid=meta.get("uid", meta["name"]), at=_num(data.get("at")) or 0.0,
         state=_word(data.get("state"), 16), step=_int(data.get("step")), step_at=_num(data.get("stepAt")),
         step_seconds=_num(data.get("stepSeconds")), ckpt=_int(data.get("ckpt")), ckpt_at=_num(data.get("ckptAt")),
+        ckpt_seconds=_num(data.get("ckptSeconds")),
         leader=data.get("leader") is True, resumed=_int(data.get("resumed")), run_since=_num(data.get("runSince")),
         in_loop_seconds=_num(data.get("inLoopSeconds")) or 0.0,
         restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last)
@@ -238,6 +240,10 @@ def update_progress(status: Status, found: list[Report], now: datetime.datetime,
         progress["reportingPods"] = len(found)
         progress["trainingPods"] = sum(1 for r in found if r.state == "Training")
     ckpt_time = parse_time(status.last_checkpoint_time)
+    # How long the newest committed checkpoint took to write (its slowest pod's), for the stop grace.
+    writes = [r.ckpt_seconds for r in found if r.ckpt_seconds is not None and r.ckpt == status.last_checkpoint_step]
+    if writes:
+        progress["checkpointWriteSeconds"] = round(max(writes), 1)
     progress["checkpointStep"] = status.last_checkpoint_step
     progress["checkpointTime"] = status.last_checkpoint_time
     progress["checkpointAgeSeconds"] = round((now - ckpt_time).total_seconds(), 1) if ckpt_time else None

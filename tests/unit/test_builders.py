@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rtj_operator import api
 from rtj_operator.builders import (
     build_coordinator,
@@ -222,6 +224,15 @@ def test_job_env_carries_uid_nccl_timeout_and_no_progress_limit_and_reserves_thr
     ports = job["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert [(p["name"], p["containerPort"]) for p in ports] == [
         ("rendezvous", 29400), ("store", 29401), ("inprocess-store", 29402)]
+
+
+@pytest.mark.parametrize("grace", [None, 30, 900])
+def test_the_pods_grace_period_is_the_specs_and_the_worker_stops_within_it(grace):
+    """Issue 27.2: a fixed 120 s fits no 96 GB stop-save below about 1.1 GB/s."""
+    job = build_job(rtj(resiliency={} if grace is None else {"terminationGracePeriodSeconds": grace}))
+    want = 120 if grace is None else grace
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == want
+    assert env_of(job)["RTJ_GRACE_SECONDS"] == str(want)
 
 
 def test_default_requests_never_exceed_a_limit_the_user_set():

@@ -125,6 +125,22 @@ def test_live_progress_checkpoint_and_goodput_from_the_newest_report():
     assert st.goodput["startStep"] == 0
 
 
+def test_a_checkpoints_write_time_is_reported_and_a_stop_that_cannot_fit_it_is_said_once():
+    """Issue 27.2: a stop (drain, spot reclaim, suspend) leaves the ranks the grace period less 30 s to
+    save (rtj_worker.launch.stop_bounds); 96 GB at 300 MB/s takes about 320 s."""
+    w = world(report(leader=True, ckpt=100, ckptAt=T - 5, ckptSeconds=70.04),
+              report(ckpt=100, ckptAt=T - 5, ckptSeconds=95.0))
+    intent = w.run()
+    assert intent.status.progress["checkpointWriteSeconds"] == 95.0  # the slowest pod's
+    assert reasons(intent).count("StopGraceTooShort") == 1  # 95 + a 0.5 s step > 120 - 30
+    message = next(e.message for e in intent.events if e.reason == "StopGraceTooShort")
+    assert "took 95 s to write" in message and "leaves the ranks 90 s" in message
+    assert "StopGraceTooShort" not in reasons(again(w, intent))  # said once, not at every pass
+    roomy = world(report(ckpt=100, ckptAt=T - 5, ckptSeconds=95.0))
+    roomy.body["spec"]["resiliency"] = {"terminationGracePeriodSeconds": 300}
+    assert "StopGraceTooShort" not in reasons(roomy.run())
+
+
 def test_steps_alone_are_written_at_most_every_10_seconds():
     w = world(report(step=100, leader=True, inLoopSeconds=50.0), report(step=100))
     first = w.run()

@@ -61,7 +61,7 @@ class Pod:
                 progress.stepped(step)
             if step % 10 == 0:
                 for progress in self.ranks:
-                    progress.commit(step)
+                    progress.commit(step, seconds=step / 10)
         self.tracker.poll()
 
     def line(self, text: str) -> None:
@@ -245,6 +245,7 @@ def test_checkpoint_and_step_time_come_from_local_rank_0(tmp_path: Path) -> None
     report = pod.report()
     assert report["ckpt"] == 30 and report["stepSeconds"] == pytest.approx(0.25)
     assert report["ckptAt"] == pytest.approx(1000 + 30 * 0.25)
+    assert report["ckptSeconds"] == 3.0  # how long step 30's save took to commit (the operator's stop grace)
 
 
 def test_nvrx_records_are_read_in_both_formats() -> None:

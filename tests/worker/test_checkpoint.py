@@ -58,11 +58,12 @@ class FailingWriter(checkpoint.dcp.FileSystemWriter):
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_save_commits_marker_and_loads_newest(tmp_path, group, use_async):
     committed = []
-    ckpt = make(tmp_path, use_async=use_async, keep=2, on_commit=committed.append)
+    ckpt = make(tmp_path, use_async=use_async, keep=2, on_commit=lambda *commit: committed.append(commit))
     for step in (10, 20, 30):
         ckpt.save(step, state(step))
     ckpt.finalize()
-    assert committed == [10, 20, 30]
+    assert [step for step, _ in committed] == [10, 20, 30]
+    assert all(0 < seconds < 30 for _, seconds in committed) and ckpt.write_seconds == committed[-1][1]
     assert complete_steps(tmp_path, "job-a") == [30, 20]  # keep=2 pruned step 10
     assert not step_dir(tmp_path, 10).exists()
     assert not list(tmp_path.glob(".tmp-*"))  # every step was renamed into place

@@ -191,7 +191,7 @@ class Checkpointer:
     """
 
     def __init__(self, root: str | Path, rank: int, world_size: int, use_async: bool = True, keep: int = 3,
-                 uid: str = "", on_commit: Callable[[int], None] | None = None, writer: str = "thread",
+                 uid: str = "", on_commit: Callable[[int, float], None] | None = None, writer: str = "thread",
                  address: str | None = None):
         if writer not in WRITERS:
             raise ValueError(f"checkpoint writer must be one of {', '.join(WRITERS)}, got {writer!r}")
@@ -211,6 +211,10 @@ class Checkpointer:
         self.save_seconds = 0.0  # time the training loop spent blocked in save()
         self.load_failed = False  # a load was attempted and failed: the state may be partly overwritten
         self.committed_step = 0  # the newest step every rank knows committed (saved or loaded)
+        # When each uncommitted save began, for how long a save takes (save() to commit: what a stop
+        # must fit in its grace period), passed to on_commit with the step.
+        self._save_started: dict[int, float] = {}
+        self.write_seconds: float | None = None  # the newest committed save's
 
     def attach(self, group: dist.ProcessGroup | None = None, timeout: datetime.timedelta | None = None) -> None:
         """Collective, once per process group: DCP needs a CPU (gloo) group; its background thread
@@ -283,6 +287,7 @@ class Checkpointer:
                 return False
             self._finish()
         tmp = ckpt_index.tmp_dir(self.root, self.uid, self._token, step)
+        self._save_started = {step: time.monotonic()}  # one save in flight at most
         if self.use_async and not sync:
             self._pending = (step, tmp, self._async_save(state, tmp))
         else:
@@ -380,8 +385,10 @@ class Checkpointer:
                 committed = 0
         if agree_min(committed, self.group):
             self.committed_step = step
+            started = self._save_started.pop(step, None)
+            self.write_seconds = round(time.monotonic() - started, 3) if started is not None else None
             if self.on_commit is not None:
-                self.on_commit(step)
+                self.on_commit(step, self.write_seconds or 0.0)
         return True
 
     def load_latest(self, state: dict[str, Any]) -> int:

@@ -66,6 +66,16 @@ def nvrx_version() -> tuple[int, int]:
     return major, minor
 
 
+def stop_bounds(grace_seconds: float) -> tuple[float, float, float]:
+    """(rank_stop, term_timeout, hard_stop): seconds after a stop signal, from the pod's termination grace
+    period (terminationGracePeriodSeconds; the kubelet SIGKILLs the pod when it ends). The ranks save
+    and exit by rank_stop, ft_launcher SIGKILLs the ones left at term_timeout (its default is 1800 s),
+    and the entrypoint kills what is left and reports at hard_stop. The operator reads rank_stop too:
+    a stop-save must fit in it (policies/phase.warn_stop_grace)."""
+    term = max(2.0, grace_seconds - 20)
+    return max(1.0, term - 10), term, max(term + 1, grace_seconds - 10)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     nnodes: str
@@ -85,21 +95,18 @@ class LaunchConfig:
     # The rendezvous and the ranks' stores are the coordinator pod's (every launcher a client), not node 0's.
     coordinator: bool = False
 
-    # Bounds of a stop, from the pod's termination grace period (terminationGracePeriodSeconds; the
-    # kubelet SIGKILLs the pod when it ends): the ranks save and exit by `rank_stop_seconds`,
-    # ft_launcher SIGKILLs the ones left at `term_timeout` (its default is 1800 s), and the entrypoint
-    # kills what is left and reports at `hard_stop_seconds`.
+    # Bounds of a stop (stop_bounds).
     @property
     def term_timeout(self) -> float:
-        return max(2.0, self.grace_seconds - 20)
+        return stop_bounds(self.grace_seconds)[1]
 
     @property
     def rank_stop_seconds(self) -> float:
-        return max(1.0, self.term_timeout - 10)
+        return stop_bounds(self.grace_seconds)[0]
 
     @property
     def hard_stop_seconds(self) -> float:
-        return max(self.term_timeout + 1, self.grace_seconds - 10)
+        return stop_bounds(self.grace_seconds)[2]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LaunchConfig:

@@ -44,6 +44,7 @@ class RankProgress:
         self.step_at = 0.0
         self.committed = 0
         self.committed_at = 0.0
+        self.commit_seconds: float | None = None  # how long the newest committed save took to write
         self._intervals: deque[float] = deque(maxlen=WINDOW)
         self._first = True  # no step yet in this run
         self.first_step_at = 0.0  # when this run's first step was done (a recovery ends there)
@@ -67,8 +68,10 @@ class RankProgress:
         self.step, self.step_at, self._first = step, now, False
         self._write()
 
-    def commit(self, step: int) -> None:
+    def commit(self, step: int, seconds: float | None = None) -> None:
+        """The checkpoint of `step` committed; `seconds`: from the save's start to its commit."""
         self.committed, self.committed_at = step, self.clock()
+        self.commit_seconds = seconds if seconds is not None else self.commit_seconds
         self._write()
 
     def loaded(self, step: int) -> None:
@@ -97,7 +100,8 @@ class RankProgress:
         record = {"t": self.clock(), "pid": os.getpid(), "rank": self.rank, "group": self.group,
                   "iteration": self.iteration, "step": self.step, "stepAt": self.step_at,
                   "firstStepAt": self.first_step_at,
-                  "stepSeconds": self.step_seconds, "ckpt": self.committed, "ckptAt": self.committed_at or None}
+                  "stepSeconds": self.step_seconds, "ckpt": self.committed, "ckptAt": self.committed_at or None,
+                  "ckptSeconds": self.commit_seconds}
         tmp = self.dir / f".{PROGRESS}.{os.getpid()}"
         with contextlib.suppress(OSError):  # a full or gone state dir must never stop training
             tmp.write_text(json.dumps(record))

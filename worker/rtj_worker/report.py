@@ -112,6 +112,7 @@ class Tracker:
         self.step_seconds: float | None = None
         self.ckpt: int | None = None
         self.ckpt_at: float | None = None
+        self.ckpt_seconds: float | None = None  # how long that checkpoint took to write
         self.closed_in_loop = 0.0  # in-loop seconds of the runs that ended
         self.restarts = {INPROCESS: 0, LAUNCHER: 0}
         self.causes: dict[str, int] = {}
@@ -192,6 +193,7 @@ class Tracker:
         with contextlib.suppress(TypeError, ValueError):
             if p.get("ckptAt") and int(p.get("ckpt") or 0) > (self.ckpt or 0):
                 self.ckpt, self.ckpt_at = int(p["ckpt"]), float(p["ckptAt"])
+                self.ckpt_seconds = float(p["ckptSeconds"]) if p.get("ckptSeconds") is not None else None
             if p.get("stepSeconds"):
                 self.step_seconds = float(p["stepSeconds"])
             run, pid, at = self.run, int(p.get("pid") or 0), float(p.get("stepAt") or 0)
@@ -272,6 +274,7 @@ class Tracker:
             out: dict[str, Any] = {
                 "v": 1, "state": self.state, "step": self.step, "stepAt": _round(self.step_at),
                 "stepSeconds": _round(self.step_seconds, 4), "ckpt": self.ckpt, "ckptAt": _round(self.ckpt_at),
+                "ckptSeconds": _round(self.ckpt_seconds),
                 "leader": bool(run and run.leader), "resumed": run.resumed if run else None,
                 "runSince": round(min(run.starts.values()), 2) if run and run.starts else None,
                 "inLoopSeconds": round(self.closed_in_loop + (run.in_loop() if run else 0.0), 2),

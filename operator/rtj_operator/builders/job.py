@@ -18,8 +18,6 @@ CONTAINER = "worker"
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-# Enough for in-flight async checkpoints to finalize after SIGTERM.
-GRACE_SECONDS = 120
 # NVRx in-process restart with NCCL (NVRx known issues): NCCL errors must reach Python instead of
 # aborting on CUDA errors, and NVLink SHARP keeps state an in-process restart cannot reset. The NCCL
 # watchdog stays on (ASYNC_ERROR_HANDLING=1, what ft_launcher sets too) as the last resort: its timeout
@@ -88,7 +86,7 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         "RTJ_FT_MAX_NO_PROGRESS_CYCLES": str(res["maxNoProgressCycles"]),
         "RTJ_ATTEMPT": str(attempt),
         # The pod's terminationGracePeriodSeconds: the worker stops its ranks (and saves) within it.
-        "RTJ_GRACE_SECONDS": str(GRACE_SECONDS),
+        "RTJ_GRACE_SECONDS": str(res["terminationGracePeriodSeconds"]),
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
@@ -204,7 +202,7 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "restartPolicy": "Never",  # restarts inside the pod belong to ft_launcher
         "subdomain": service_name(rtj),
-        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "terminationGracePeriodSeconds": spec["resiliency"]["terminationGracePeriodSeconds"],
         "nodeSelector": node_selector,
         "tolerations": _tolerations(rtj),
         "affinity": _affinity(rtj, attempt),

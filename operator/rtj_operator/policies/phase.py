@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from rtj_worker.launch import stop_bounds
+
 from .. import conditions, ladder, metrics, progress
 from ..builders import job_name, pvc_name, service_name
 from ..conditions import (
@@ -142,6 +144,26 @@ def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Fo
     for wait in (due, event_due):  # not `seconds`: the metrics above run after the pass
         if wait is not None:
             d.wait(max(0.5, wait))
+    warn_stop_grace(d)
+
+
+def warn_stop_grace(d: Draft) -> None:
+    """StopGraceTooShort, once each time the newest checkpoint's write time (and a step) stops fitting in
+    what a stop leaves the ranks to save (launch.stop_bounds of spec.resiliency.terminationGracePeriodSeconds):
+    a drain, spot reclaim or suspend would then lose every step since the last committed checkpoint."""
+    grace = d.rtj.spec["resiliency"]["terminationGracePeriodSeconds"]
+    budget = stop_bounds(grace)[0]
+
+    def needs(p: dict[str, Any] | None) -> float:
+        p = p or {}
+        return float(p.get("checkpointWriteSeconds") or 0) + float(p.get("stepSeconds") or 0)
+
+    if needs(d.status.progress) > budget >= needs(d.old.get("progress")):
+        d.event("Warning", "StopGraceTooShort",
+                f"the newest checkpoint took {d.status.progress['checkpointWriteSeconds']:g} s to write, and a stop "
+                f"leaves the ranks {budget:g} s to save (terminationGracePeriodSeconds {grace}): a drain, a spot "
+                f"reclaim or a suspend would lose the steps since the last checkpoint; raise "
+                f"spec.resiliency.terminationGracePeriodSeconds or write faster (a spot reclaim gives 120 s)")
 
 
 FENCING_HOW = ("its index is replaced once the node is fenced: deleted (as the cloud node lifecycle controller "
