@@ -74,6 +74,10 @@ PLATFORM_FAULT = "Platform"
 PERMANENT = "Permanent"
 RENDEZVOUS = "Rendezvous"
 PEER = "Peer"  # the pod's worker says a peer ended it: node 0's rendezvous store went away
+# The reason of a job failure whose pod stopped its ranks' crash loop (rtj_worker.crashloop).
+CRASH_LOOP = "CrashLoop"
+# The most of a rank's last lines an exit's message carries (the worker sends at most 1800 characters).
+MAX_LINES_CHARS = 2000
 # The rendezvous host's name did not resolve in time: the cluster's DNS (or the publication of the host
 # pod's address) failed the gang before any launcher started; the platform's, and a new gang.
 UNRESOLVED = "Unresolved"
@@ -119,6 +123,9 @@ class Consequence:
 
     excludes_node: bool = False  # its node is kept out of the placement (restartBudget.nodeExclusionSeconds)
     counts_node_failure: bool = False  # charged to the job: the second such failure on a node excludes it
+    # Charged to the job right after a failure with the same reason and detail (another pod's, or this
+    # index's previous pod's): the job fails instead of restarting.
+    fails_if_repeated: bool = False
     # Why its GangRestart recreates the gang, when charged and when not (EXCUSED).
     gang_reason: str = "a pod could not complete the rendezvous"
     gang_reason_excused: str = ("a pod could not complete the rendezvous (not charged: its launcher closed the "
@@ -137,6 +144,9 @@ CONSEQUENCES: dict[str, Consequence] = {
 # By finding reason, in place of its kind's: a node its health agent reports bad is excluded.
 REASON_CONSEQUENCES: dict[str, Consequence] = {
     UNHEALTHY: Consequence(excludes_node=True),
+    # A pod stopped its ranks' crash loop (the same exception, twice, no progress): a new pod, possibly
+    # on a better node, once; the same from a second pod is the job's code, not a node.
+    CRASH_LOOP: Consequence(counts_node_failure=True, fails_if_repeated=True),
 }
 NO_CONSEQUENCE = Consequence()
 
@@ -149,6 +159,7 @@ CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, U
 EXIT_CODES: dict[int, tuple[str, str]] = {
     exit_codes.CONFIG_ERROR: (PERMANENT, "ConfigError"),
     exit_codes.PERMANENT_FAILURE: (PERMANENT, "PermanentFailure"),
+    exit_codes.CRASH_LOOP: (JOB_FAILURE, CRASH_LOOP),
     exit_codes.LAUNCHER_BUDGET_EXHAUSTED: (JOB_FAILURE, "LauncherRestartsExhausted"),
     exit_codes.RENDEZVOUS_FAILED: (RENDEZVOUS, "RendezvousFailed"),
     exit_codes.RENDEZVOUS_HOST_LOST: (PEER, "RendezvousHostLost"),
@@ -242,6 +253,7 @@ class Finding:
     lost_node: str = ""  # the lost (or unhealthy) node this finding is about, if any
     age: float = 0.0  # seconds since the pod's container ended (PEER findings)
     node: str = ""  # the pod's node, if it was scheduled
+    detail: str = ""  # what the worker's exit report says (its `reason`), the same for the same failure
 
     @property
     def meaning(self) -> Meaning:
@@ -424,9 +436,9 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
     phase = status.get("phase")
     disruption = _disruption(pod)
 
-    def found(kind: str, reason: str, message: str, action: str = "", lost_node: str = "",
+    def found(kind: str, reason: str, message: str, action: str = "", lost_node: str = "", detail: str = "",
               age: float = 0.0) -> Finding:
-        return Finding(name, uid, kind, reason, message, action, lost_node, age, node_name or "")
+        return Finding(name, uid, kind, reason, message, action, lost_node, age, node_name or "", detail)
 
     if meta.get("deletionTimestamp") and phase not in ("Failed", "Succeeded"):
         # deletionTimestamp is when the grace period ends; timeouts count from there.
@@ -473,15 +485,19 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
             # Someone deleted it (kubectl delete, a controller, a suspend) and it ended of that, whatever
             # it exited with (ft_launcher turns SIGTERM into 1): not the job's fault.
             return found(PLATFORM_FAULT, "PodDeleted", f"pod {name} was deleted while running (exit code {code})")
-        detail = termination_report(pod).get("reason") or term.get("reason") or ""
+        report = termination_report(pod)
+        detail = str(report.get("reason") or term.get("reason") or "")
         message = f"pod {name} exited with code {code}" + (f": {detail}" if detail else "")
+        if isinstance(report.get("lines"), list) and report["lines"]:
+            # The last lines of a rank's traceback (the worker bounds them), where the user looks.
+            message += "; its last lines: " + " | ".join(str(line) for line in report["lines"])[-MAX_LINES_CHARS:]
         if code in EXIT_CODES:
             kind, reason = EXIT_CODES[code]
             age = 0.0
             if kind == PEER:
                 ended = parse_time(term.get("finishedAt")) or now
                 age = max(0.0, (now - ended).total_seconds())
-            return found(kind, reason, message, age=age)
+            return found(kind, reason, message, age=age, detail=detail)
         if term.get("reason") == "OOMKilled":
             return found(JOB_FAILURE, "OOMKilled", message)
         return found(JOB_FAILURE, f"ExitCode{code}" if code is not None else "PodFailed", message)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 import kopf
@@ -262,6 +263,39 @@ def test_a_failed_rendezvous_restarts_the_gang_once():
     st = intent.status
     assert (st.job_restarts, st.restarts_by_tier["GangRestart"], st.attempt) == (1, 1, 2)
     assert st.recovery.pending_gang_restart == "RendezvousFailed" and intent.requeue.act
+
+
+def crash_looped(p: dict, error: str = "ModuleNotFoundError: No module named 'flash_attn'") -> dict:
+    """A pod whose worker stopped its ranks' crash loop (rtj_worker.crashloop), as its exit report says."""
+    p["status"]["phase"] = "Failed"
+    report = {"exitCode": 66, "checkpointStep": 0,
+              "reason": f"its ranks failed the same way 2 times in a row with no step or checkpoint progress: {error}",
+              "lines": ["Traceback (most recent call last):", '  File "/work/train.py", line 3, in <module>', error]}
+    p["status"]["containerStatuses"] = [{"state": {"terminated": {
+        "exitCode": exit_codes.CRASH_LOOP, "message": json.dumps(report), "finishedAt": ts(1)}}}]
+    return p
+
+
+def test_a_crash_loop_is_replaced_once_and_the_second_pod_to_loop_so_fails_the_job_with_its_traceback():
+    """Issue 28.2: a typo'd import ran as Running while each pod spent ft_launcher's 20 restarts, then
+    the operator's 3, and the error was only in pod logs."""
+    w = W()
+    w.world.pods[0] = crash_looped(w.world.pods[0])
+    st = w.run().status
+    assert (st.phase, st.job_restarts, st.last_failure_reason) == ("Restarting", 1, "CrashLoop")
+    assert "its last lines: Traceback (most recent call last):" in st.last_failure_message
+    w.body["status"] = st.to_dict()
+    w.world.pods[1] = crash_looped(w.world.pods[1])
+    intent = w.run()
+    failed = next(c for c in intent.status.conditions if c["type"] == "Failed")
+    assert (intent.status.phase, failed["reason"]) == ("Failed", "CrashLoop")
+    assert "No module named 'flash_attn'" in failed["message"] and "second pod to fail so" in failed["message"]
+    # Another failure of the second pod is not the same loop: a restart like any other.
+    other = W()
+    other.world.pods[0] = crash_looped(other.world.pods[0])
+    other.body["status"] = other.run().status.to_dict()
+    other.world.pods[1] = crash_looped(other.world.pods[1], "ValueError: bad batch size")
+    assert other.run().status.phase != "Failed"
 
 
 def test_a_rendezvous_host_that_never_resolved_is_a_disruption_and_a_new_gang():

@@ -676,6 +676,34 @@ def test_a_save_slower_than_the_interval_is_skipped_not_waited_for(tmp_path, cle
     assert run_.result() == clean_run
 
 
+# --- issue 28: a user's own script -----------------------------------------------------------------------
+TYPO = """
+import os
+import torch.distributed as dist
+
+if __name__ == "__main__":
+    print("rank", os.environ["RANK"], "starting", flush=True)
+    import flash_attn_typo  # a dependency missing from the image, as a user's script would have it
+"""
+
+
+@pytest.mark.nvrx041
+def test_a_script_that_fails_the_same_way_at_every_restart_stops_at_the_second_with_its_traceback(tmp_path):
+    """Issue 28.2: ft_launcher restarted such a script 20 times per pod (each a torch import and, on a p5,
+    a CUDA init) while the RTJ showed Running, and the error was only in the pod's log."""
+    script = tmp_path / "train.py"
+    script.write_text(TYPO)
+    started = time.monotonic()
+    run_ = local.start(tmp_path, [], command=["python", str(script)], heartbeat=HEARTBEAT,
+                       RTJ_FT_MAX_RESTARTS="20").wait(180)
+    assert run_.code == exit_codes.CRASH_LOOP, run_.log[-3000:]
+    error = "ModuleNotFoundError: No module named 'flash_attn_typo'"
+    assert run_.report["reason"].endswith(f"no step or checkpoint progress: {error}")
+    assert run_.report["lines"][0] == "Traceback (most recent call last):" and run_.report["lines"][-1] == error
+    assert run_.log.count("Worker group FAILED") == 2  # not the 20 restarts it was given
+    assert time.monotonic() - started < 90
+
+
 # --- issue 27: real-size state --------------------------------------------------------------------------
 SOFT, HARD = 5, 8  # the in-process Wrapper's timeouts, short so that a save can outlast them three times
 

@@ -11,6 +11,8 @@ never from a rank's output:
   a standby whose gang finished exits 0 too;
 - 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
 - 65 PERMANENT_FAILURE: the script asked to stop for good (a rank left a 'permanent' marker);
+- 66 CRASH_LOOP: the ranks failed the same way twice in a row with no progress (rtj_worker.crashloop):
+  the launcher was stopped before spending its restarts; the report carries the traceback's last lines;
 - 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
 - 71 RENDEZVOUS_FAILED: peers never joined: no rank was ever started, or a later rendezvous round
   timed out (the peers this node trained with were lost and not replaced in time);
@@ -47,11 +49,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import exit_codes, progress, stop
 from .ckpt_index import finished, latest_step
+from .crashloop import CrashLoop
 from .launch import (
     GROUP_FINISHED_LINE,
     NO_PROGRESS_LINE,
@@ -73,6 +77,9 @@ from .report import PodReporter, Tracker, sink_from_env
 __all__ = ["ConfigError", "LaunchConfig", "launcher_argv", "main", "run"]
 log = logging.getLogger("rtj_worker.entrypoint")
 TERMINATION_LOG = "/dev/termination-log"
+# Bounds of the exit report's text, so that it fits the 4096 bytes of a termination message with the
+# pod's last progress report (about 800 bytes).
+MAX_REASON_CHARS, MAX_LINES_CHARS = 600, 1800
 
 
 def wait_for_dns(host: str, timeout: float, interval: float = 2.0, cancel: threading.Event | None = None) -> bool:
@@ -101,13 +108,22 @@ def wait_for_dns(host: str, timeout: float, interval: float = 2.0, cancel: threa
 
 
 def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = TERMINATION_LOG,
-                      uid: str | None = None, progress: dict[str, Any] | None = None) -> None:
+                      uid: str | None = None, progress: dict[str, Any] | None = None,
+                      lines: tuple[str, ...] = ()) -> None:
     """The exit report; with `progress`, the pod's last progress report (rtj_worker.report), which the
-    rate limit may not have published yet (the termination message holds 4096 bytes: both fit)."""
-    report: dict[str, Any] = {"exitCode": code, "reason": reason,
+    rate limit may not have published yet; with `lines`, the last lines of a rank's traceback, newest
+    kept (the termination message holds 4096 bytes: all fit)."""
+    report: dict[str, Any] = {"exitCode": code, "reason": reason[:MAX_REASON_CHARS],
                               "checkpointStep": latest_step(Path(checkpoint_dir), uid)}
     if progress is not None:
         report["progress"] = progress
+    kept: list[str] = []
+    for line in reversed(lines):
+        if sum(len(k) for k in kept) + len(line) > MAX_LINES_CHARS:
+            break
+        kept.insert(0, line)
+    if kept:
+        report["lines"] = kept
     try:
         Path(path).write_text(json.dumps(report))
     except OSError:
@@ -157,8 +173,12 @@ def kill_all(pgid: int, pids: list[int], sig: int = signal.SIGKILL) -> None:
 class LauncherWatch:
     """Copies the launcher's output to ours and notes what it says about rendezvous and restarts."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], tracker: Tracker | None = None):
+    def __init__(self, proc: subprocess.Popen[bytes], tracker: Tracker | None = None,
+                 progress: Callable[[], tuple[int, ...]] | None = None):
         self.tracker = tracker
+        # Each failed worker group, with the progress then (step, checkpoints): a crash loop stops the pod.
+        self.crash = CrashLoop()
+        self._progress = progress or (lambda: ())
         self.started = False
         self.no_progress = False
         self.store_lost = False
@@ -180,6 +200,8 @@ class LauncherWatch:
                 self.started = True
             if self.tracker is not None and (record := nvrx_message(line, self._pid)) is not None:
                 self.tracker.launcher_line(record)
+            if self.crash.line(line):
+                self.crash.group_failed(self._progress())
             message = launcher_message(line, self._pid)
             if message is None:
                 continue
@@ -258,9 +280,9 @@ def run(command: list[str], env: dict[str, str]) -> int:
 def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, termination: str, uid: str | None) -> int:
     reporter: PodReporter | None = None
 
-    def finish(code: int, reason: str, checkpoint_dir: str) -> int:
+    def finish(code: int, reason: str, checkpoint_dir: str, lines: tuple[str, ...] = ()) -> int:
         write_termination(code, reason, checkpoint_dir, termination, uid,
-                          reporter.stop() if reporter is not None else None)
+                          reporter.stop() if reporter is not None else None, lines)
         return code
 
     def stopped(checkpoint_dir: str, what: str) -> int:
@@ -298,7 +320,8 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
     log.info("starting: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    watch = LauncherWatch(proc, tracker)
+    watch = LauncherWatch(proc, tracker, lambda: (tracker.step, tracker.ckpt or 0,
+                                                  latest_step(Path(cfg.checkpoint_dir), cfg.uid) or 0))
     shutdown.attach(proc, state_dir, cfg.rank_stop_seconds)
     permanent = state_dir / "permanent"
     started = False
@@ -313,7 +336,7 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
                 kill_all(proc.pid, descendants(proc.pid))
                 killed = True
                 break
-        elif permanent.exists():
+        elif permanent.exists() or watch.crash.loop is not None:
             # Restarting would fail the same way: stop the launcher instead of spending its budget.
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -337,6 +360,8 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
     if permanent.exists():
         return finish(exit_codes.PERMANENT_FAILURE, permanent.read_text().strip() or "permanent failure",
                       cfg.checkpoint_dir)
+    if watch.crash.loop is not None:
+        return finish(exit_codes.CRASH_LOOP, watch.crash.reason(), cfg.checkpoint_dir, watch.crash.loop.lines)
     if watch.unhealthy:
         return finish(exit_codes.NODE_UNHEALTHY, f"ft_launcher exited {code}: NVRx found this node unhealthy "
                       "(health check or a rank's ExcludeThisNode request)", cfg.checkpoint_dir)

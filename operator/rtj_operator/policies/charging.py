@@ -69,6 +69,13 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
         if c.why == ladder.EXCUSED:
             cause = c.cause or f"a consequence of the fault being recovered ({status.last_failure_reason})"
             d.event("Warning", "NotCharged", f"{c.finding.reason}: {c.message}; {cause}")
+        if (rule.fails_if_repeated and c.payer == ladder.JOB and c.finding.detail
+                and status.last_failure_reason == c.finding.reason
+                and c.finding.detail in (status.last_failure_message or "")):
+            # The same failure as the last one charged, from another pod (or this index's next): the
+            # job's own code, whatever node it runs on. Failed now, not after every budget is spent.
+            fail(d, c.finding.reason, f"{c.message} (the second pod to fail so: not restarted again)")
+            return
         if c.payer != ladder.NOBODY:
             record_restart(d, c.tier or ladder.REPLACE_POD, c.finding.reason, c.message,
                            platform=c.payer == ladder.PLATFORM)
