@@ -296,6 +296,21 @@ def test_permanent_error_fails_fast_with_its_reason(run: Run) -> None:
     print(f"permanent failure: Failed {elapsed:.1f}s after training began")
 
 
+def test_a_typo_in_a_users_command_ends_failed_with_its_traceback(run: Run) -> None:
+    """Issue 28.2: a command whose import fails showed Running while each pod spent ft_launcher's 20
+    restarts and the operator its 3 (164 s), and the error was only in the pods' logs."""
+    started = time.monotonic()
+    run.apply(command=["python", "-c", "import flash_attn_typo"], args=[])
+    status = run.job.wait_phase("Failed", timeout=150)
+    elapsed = time.monotonic() - started
+    failed = run.job.condition("Failed")
+    assert failed["reason"] == "CrashLoop", status
+    assert "ModuleNotFoundError: No module named 'flash_attn_typo'" in failed["message"], failed
+    assert "its last lines: Traceback (most recent call last):" in failed["message"], failed
+    assert status.get("jobRestarts", 0) <= 1, status  # the first pod's loop, then the second's confirms it
+    print(f"a typo in the command: Failed {elapsed:.1f} s after kubectl apply")
+
+
 def test_node_loss_replaces_only_that_pod(run: Run, agents: AgentNodes, clean_result: dict[str, Any]) -> None:
     run.apply()
     run.wait_training()
