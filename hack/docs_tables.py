@@ -52,7 +52,8 @@ CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*) = (\d+)$")
 PAYS = {ladder.JOB: "job (`jobRestarts`)", ladder.PLATFORM: "platform (`disruptions`)", ladder.NOBODY: "nobody",
         ladder.PEERS: "decided per fault: the lost peer's node, the fault being recovered, or the job (below)"}
 KINDS = {ladder.JOB_FAILURE: "job failure", ladder.PLATFORM_FAULT: "platform", ladder.PERMANENT: "permanent",
-         ladder.RENDEZVOUS: "rendezvous", ladder.PEER: "peer", ladder.UNRESOLVED: "unresolved host"}
+         ladder.RENDEZVOUS: "rendezvous", ladder.PEER: "peer", ladder.UNRESOLVED: "unresolved host",
+         ladder.RDZV_CLOSED: "closed rendezvous"}
 
 
 def exit_code_meanings(source: str) -> list[tuple[int, str, str]]:

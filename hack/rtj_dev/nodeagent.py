@@ -48,6 +48,7 @@ from typing import Any
 
 from .localcluster import LocalCluster, kube_bin_dir, serve_until_stopped
 from .nodes import KWOK_LABEL, cpu_node, p5_node
+from .slowfs import SlowVolume
 
 BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
 API_RELAY_PORT = 6443  # on BRIDGE_IP: the pods' KUBERNETES_SERVICE_HOST/PORT (the API certificate names it)
@@ -434,6 +435,46 @@ class PodSandbox:
 
 # --- the agent -----------------------------------------------------------------------------------------
 
+class SlowClaims:
+    """Checkpoint volumes with real-size timing (hack/slowfs: a simulation of FSx for Lustre, which cannot
+    run here). A test names a claim before its pods start (want()); the first agent to mount that claim
+    for a pod serves its hostPath through slowfs (backed by a sibling directory), so every pod of the job
+    shares one slow volume, and whatever runs in them feels it alike. stop() unmounts them all."""
+
+    def __init__(self, created_dirs: set[str]):
+        self.wanted: dict[tuple[str, str], dict[str, float]] = {}
+        self.mounted: dict[str, SlowVolume] = {}
+        self.created_dirs = created_dirs
+        self._lock = threading.Lock()
+
+    def want(self, namespace: str, claim: str, **timing: float) -> None:
+        """SlowVolume's `write_bps`, `read_bps`, `scale` for the claim's volume."""
+        self.wanted[(namespace, claim)] = timing
+
+    def serve(self, namespace: str, claim: str, path: str) -> None:
+        """Before `path` (the claim's hostPath) is bound into a pod: mount slowfs there if wanted."""
+        timing = self.wanted.get((namespace, claim))
+        if timing is None:
+            return
+        with self._lock:
+            if path in self.mounted:
+                return
+            backing = Path(f"{path}.slowfs")
+            backing.mkdir(parents=True, exist_ok=True)
+            self.created_dirs.add(str(backing))
+            for child in Path(path).iterdir():  # what is already there stays visible through the mount
+                child.rename(backing / child.name)
+            self.mounted[path] = SlowVolume(backing, Path(path), **timing).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            for volume in self.mounted.values():
+                with contextlib.suppress(Exception):
+                    volume.stop()
+            self.mounted.clear()
+            self.wanted.clear()
+
+
 class NodeAgent:
     """One node: registration, lease, and the pods bound to it (polled, as a kubelet's watch would see)."""
 
@@ -453,6 +494,7 @@ class NodeAgent:
         self.errors: list[str] = []
         self.created_dirs = created_dirs if created_dirs is not None else set()  # volumes made here
         self.relay: ApiRelay | None = None  # AgentNodes' relay to the API server
+        self.slow: SlowClaims | None = None  # AgentNodes' slow checkpoint volumes
 
     def start(self) -> NodeAgent:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -575,6 +617,8 @@ class NodeAgent:
                 if not Path(path).exists():  # DirectoryOrCreate
                     self.created_dirs.add(path)
                 Path(path).mkdir(parents=True, exist_ok=True)
+                if self.slow is not None:
+                    self.slow.serve(ns, claim["claimName"], path)
                 volumes[volume["name"]] = path
             elif host := volume.get("hostPath"):
                 volumes[volume["name"]] = host["path"]
@@ -703,8 +747,10 @@ class AgentNodes:
                                   created_dirs=self.volumes, cpu=True) for i in range(cpu)]
         self.dns = ClusterDNS(cluster, self.workdir / "coredns")
         self.relay = ApiRelay(cluster.api_port)
+        # Claims a test gives real-size timing (SlowClaims.want), before its pods start.
+        self.slow = SlowClaims(self.volumes)
         for agent in self.agents:
-            agent.relay = self.relay
+            agent.relay, agent.slow = self.relay, self.slow
 
     def start(self) -> AgentNodes:
         # The bridge, the namespaces and the node IPs are the host's: one set of agents at a time (a
@@ -726,6 +772,7 @@ class AgentNodes:
         for agent in self.agents:
             with contextlib.suppress(Exception):
                 agent.stop()
+        self.slow.stop()
         self.dns.stop()
         self.relay.stop()
         Network.down()

@@ -74,6 +74,10 @@ PLATFORM_FAULT = "Platform"
 PERMANENT = "Permanent"
 RENDEZVOUS = "Rendezvous"
 PEER = "Peer"  # the pod's worker says a peer ended it: node 0's rendezvous store went away
+# The rendezvous of this attempt closed for good (exit 78): a peer's or a node's doing, decided as a
+# PEER's is (a lost or unhealthy node of the gang, the fault being recovered, else the job's after a
+# wait), once per attempt, and a new gang either way.
+RDZV_CLOSED = "RendezvousClosed"
 # The reason of a job failure whose pod stopped its ranks' crash loop (rtj_worker.crashloop).
 CRASH_LOOP = "CrashLoop"
 # The most of a rank's last lines an exit's message carries (the worker sends at most 1800 characters).
@@ -93,6 +97,7 @@ FINDINGS: dict[str, Meaning] = {
     PERMANENT: Meaning(None, NOBODY, fails=True),
     RENDEZVOUS: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
     UNRESOLVED: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
+    RDZV_CLOSED: Meaning(GANG_RESTART, PEERS, once_per=ATTEMPT),
     PEER: Meaning(REPLACE_POD, PEERS),
     COORDINATOR_LOST: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
     COORDINATOR_FAILED: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
@@ -138,6 +143,8 @@ CONSEQUENCES: dict[str, Consequence] = {
     JOB_FAILURE: Consequence(counts_node_failure=True),
     COORDINATOR_LOST: COORDINATOR_GONE,
     COORDINATOR_FAILED: COORDINATOR_GONE,
+    RDZV_CLOSED: Consequence(gang_reason="the rendezvous was closed for good",
+                             gang_reason_excused="the rendezvous was closed for good"),
     UNRESOLVED: Consequence(gang_reason="the rendezvous host's name did not resolve",
                             gang_reason_excused="the rendezvous host's name did not resolve"),
 }
@@ -153,7 +160,7 @@ NO_CONSEQUENCE = Consequence()
 # A pass charges platform findings first and peer findings last: a peer's failure may be explained
 # by a lost node (or the coordinator) seen in the same pass.
 CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, UNRESOLVED: 0, JOB_FAILURE: 1,
-                RENDEZVOUS: 1, PERMANENT: 1, PEER: 2}
+                RENDEZVOUS: 1, PERMANENT: 1, PEER: 2, RDZV_CLOSED: 2}
 
 # The worker's exit codes (rtj_worker.exit_codes, the contract with the entrypoint) -> (kind, reason).
 EXIT_CODES: dict[int, tuple[str, str]] = {
@@ -164,6 +171,7 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     exit_codes.RENDEZVOUS_FAILED: (RENDEZVOUS, "RendezvousFailed"),
     exit_codes.RENDEZVOUS_HOST_LOST: (PEER, "RendezvousHostLost"),
     exit_codes.RENDEZVOUS_HOST_UNRESOLVED: (UNRESOLVED, "RendezvousHostUnresolved"),
+    exit_codes.RENDEZVOUS_CLOSED: (RDZV_CLOSED, RDZV_CLOSED),
     # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
     exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
     exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),
@@ -494,7 +502,7 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
         if code in EXIT_CODES:
             kind, reason = EXIT_CODES[code]
             age = 0.0
-            if kind == PEER:
+            if FINDINGS[kind].payer == PEERS:  # decided by its cause: when it ended matters
                 ended = parse_time(term.get("finishedAt")) or now
                 age = max(0.0, (now - ended).total_seconds())
             return found(kind, reason, message, age=age, detail=detail)
@@ -705,8 +713,9 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
                                                                   f"lost: {lost_nodes[peers[0]]})"))
                 continue
             if faults or capacity:
-                charges.append(Charge(f, NOBODY, message=f.message, why=EXCUSED,
-                                      cause="" if faults else SHORT_OF_CAPACITY))
+                # Not charged; a closed rendezvous still takes a new gang (no pod can join it again).
+                charges.append(Charge(f, NOBODY, meaning.tier if meaning.tier == GANG_RESTART else None,
+                                      message=f.message, why=EXCUSED, cause="" if faults else SHORT_OF_CAPACITY))
                 continue
             if f.age < PEER_ATTRIBUTION_SECONDS:
                 charges.append(Charge(f, NOBODY, why=HOLD, hold=max(0.5, PEER_ATTRIBUTION_SECONDS - f.age)))

@@ -24,6 +24,7 @@ from clusterkit import Job, kubectl, wait_passes, worker_rbac
 from rtj_dev.cpu_rtj import RESILIENCY, TOLERATIONS, cpu_rtj, shared_dir
 from rtj_dev.localcluster import LocalCluster
 from rtj_dev.nodeagent import AGENT_LABEL, AgentNodes, resolve
+from rtj_dev.slowfs import FSX_BPS
 from rtj_operator.kube import Kube, configure
 from rtj_worker import events, exit_codes
 from rtj_worker.report import CONDITION
@@ -55,6 +56,7 @@ class Run:
 
     def __init__(self, cluster: LocalCluster, kube: Kube, ns: str, agents: AgentNodes, name: str = "train"):
         self.cluster, self.job, self.name, self.ns, self.agents = cluster, Job(kube, ns, name), name, ns, agents
+        self.events_path: Path | None = None  # the ranks' event log, when not on the shared volume
 
     def apply(self, *train_args: str, steps: int = STEPS, **spec: Any) -> Run:
         # The pods publish their live reports with the chart's rtj-worker ServiceAccount (worker_rbac).
@@ -67,7 +69,7 @@ class Run:
         return shared_dir(self.cluster, self.ns, self.name) or Path("/nonexistent")  # not provisioned yet
 
     def timeline(self) -> list[dict[str, Any]]:
-        return events.read(self.shared_dir() / "events.jsonl")
+        return events.read(self.events_path or self.shared_dir() / "events.jsonl")
 
     def starts(self) -> list[dict[str, Any]]:
         return [e for e in self.timeline() if e["event"] == "start"]
@@ -100,6 +102,14 @@ class Run:
         lost_at = time.time()
         agent.terminate()
         return agent, lost_at
+
+    def suspend(self, stop_timeout: float = 90) -> set[int | None]:
+        """spec.suspend: the phase Suspended and every process of the job stopped; the pods' exit codes."""
+        self.job.patch({"suspend": True})
+        self.job.wait_phase("Suspended", timeout=60)
+        wait_until(lambda: not self.agents.running(self.ns), timeout=stop_timeout, what="every process stopped")
+        return {c["state"].get("terminated", {}).get("exitCode") for p in self.job.pods()
+                for c in p["status"].get("containerStatuses", [])}
 
     def wait_done(self, phase: str = "Succeeded", timeout: float = 180) -> dict[str, Any]:
         return self._wait(lambda: self.job.status() if self.job.status().get("phase") in (phase, "Failed")
@@ -476,11 +486,7 @@ def test_suspend_and_resume_keep_every_counter_and_resume_from_the_newest_checkp
     run.wait_training()
     run.wait_step(24)
     before = counters(run.job.status())
-    run.job.patch({"suspend": True})
-    run.job.wait_phase("Suspended", timeout=60)
-    wait_until(lambda: not run.agents.running(run.ns), timeout=90, what="every process stopped")
-    codes = {c["state"].get("terminated", {}).get("exitCode") for p in run.job.pods()
-             for c in p["status"].get("containerStatuses", [])}
+    codes = run.suspend()
     assert codes <= {exit_codes.SIGTERM}, codes
     saved = newest_checkpoint(run)
     assert saved >= 24, saved  # the ranks saved the step they had reached
@@ -491,6 +497,48 @@ def test_suspend_and_resume_keep_every_counter_and_resume_from_the_newest_checkp
     assert resumed and {e["step"] for e in resumed} == {saved}, resumed
     assert counters(status) == before, (status, before)
     assert same_weights(run.result(), clean_result)
+
+
+# State of real size: each checkpoint writes as a 6 GB one would on the example's FSx for Lustre (~300 MB/s,
+# so ~20 s: longer than the in-process hard timeout), through the node agents' slow volume (hack/slowfs).
+SLOW = {"write_bps": FSX_BPS, "read_bps": FSX_BPS, "scale": 6e9 / 100e3}  # the e2e model's ~100 kB state
+SLOW_RESILIENCY = {**RESILIENCY, "heartbeatTimeoutSeconds": 60, "initialHeartbeatTimeoutSeconds": 120,
+                   "terminationGracePeriodSeconds": 90}
+
+
+@pytest.mark.timeout(480)
+def test_a_suspend_during_a_slow_save_commits_it_and_resumes_from_it(run: Run) -> None:
+    """Issue 27.1: a stop (a suspend here; a drain is the same SIGTERM) while a save takes minutes. The
+    in-flight save is finished within the grace period and committed, the pods exit 143, nothing is
+    charged, and the resumed gang starts from that step: nothing committed is lost."""
+    run.agents.slow.want(run.ns, "train-ckpt", **SLOW)
+    # The ranks' event log off the slow volume (its scale would make each line weigh megabytes): the
+    # pods are processes here, and see the host's paths.
+    run.events_path = run.agents.workdir / f"{run.ns}-events.jsonl"
+    run.apply(steps=5000, resiliency=SLOW_RESILIENCY,
+              env=[{"name": "RTJ_EVENT_LOG", "value": str(run.events_path)}, {"name": "TORCH_CPP_LOG_LEVEL",
+                                                                             "value": "ERROR"}])
+    run.wait_training(timeout=240)
+    wait_until(lambda: newest_checkpoint(run) >= INTERVAL, timeout=180, what="the first slow checkpoint")
+    first = newest_checkpoint(run)
+    wait_until(lambda: run.job.status().get("progress", {}).get("checkpointWriteSeconds"), timeout=60,
+               what="the checkpoint's write time in status")
+    written = run.job.status()["progress"]["checkpointWriteSeconds"]
+    assert written > SLOW_RESILIENCY["inProcessRestart"]["hardTimeoutSeconds"], written
+    run.wait_step(first + 2 * INTERVAL)  # the next save is being written (a save is due every 10 steps)
+    before = counters(run.job.status())
+    codes = run.suspend(stop_timeout=120)
+    assert codes <= {exit_codes.SIGTERM}, codes
+    saved = newest_checkpoint(run)
+    assert saved > first, (saved, first, run.story())  # the save in flight when the stop came, committed
+    suspended_at = time.time()
+    run.job.patch({"suspend": False})
+    wait_until(lambda: [e for e in run.starts() if e["t"] > suspended_at], timeout=240, what="the resumed gang")
+    resumed = [e for e in run.starts() if e["t"] > suspended_at]
+    assert {e["step"] for e in resumed} == {saved}, resumed
+    assert counters(run.job.status()) == before, (run.job.status(), before)
+    print(f"slow volume: a checkpoint took {written:.1f} s to write; suspended while step {saved}'s was "
+          "in flight: committed, resumed from it")
 
 
 @pytest.mark.timeout(420)

@@ -75,6 +75,7 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod("Failed", **terminated(72)), node(), ladder.PEER, "RendezvousHostLost", ""),
     (pod("Failed", **terminated(76)), node(), ladder.UNRESOLVED, "RendezvousHostUnresolved", ""),
     (pod("Failed", **terminated(77)), node(), ladder.PLATFORM_FAULT, "RendezvousControlFailed", ""),
+    (pod("Failed", **terminated(78)), node(), ladder.RDZV_CLOSED, "RendezvousClosed", ""),
     (pod("Failed", **terminated(73)), node(), ladder.PLATFORM_FAULT, "NodeUnhealthy", ""),
     (pod("Failed", **terminated(74)), node(), ladder.PEER, "GangStopped", ""),
     (pod("Failed", **terminated(75)), node(), ladder.JOB_FAILURE, "LauncherNoProgress", ""),
@@ -132,6 +133,10 @@ RDZV_1 = finding(ladder.RENDEZVOUS, "p1", "RendezvousFailed")
 RDZV_2 = finding(ladder.RENDEZVOUS, "p2", "RendezvousFailed")
 CRASH = finding(ladder.JOB_FAILURE, "p1", "ExitCode1")
 UNRESOLVED_1 = finding(ladder.UNRESOLVED, "p1", "RendezvousHostUnresolved")
+CLOSED_1 = finding(ladder.RDZV_CLOSED, "p1", "RendezvousClosed")
+CLOSED_2 = finding(ladder.RDZV_CLOSED, "p2", "RendezvousClosed")
+CLOSED_OLD = finding(ladder.RDZV_CLOSED, "p2", "RendezvousClosed", age=61)
+UNHEALTHY_0 = finding(ladder.PLATFORM_FAULT, "p0", "NodeUnhealthy", lost_node="n0")
 LOST_N0 = {"n0": "NodeUnreachable"}
 
 
@@ -158,6 +163,15 @@ LOST_N0 = {"n0": "NodeUnreachable"}
     # Every pod reports the same failed rendezvous: one charge per attempt.
     ([RDZV_1, RDZV_2], ladder.Fault(2), {}, [("p1", ladder.JOB, ""), ("p2", ladder.NOBODY, ladder.DUPLICATE)],
      ladder.Fault(2, (), 1)),
+    # Issue 27.3: the barrier closed the rendezvous after an unhealthy node (its lifetime count over the
+    # spares): every survivor exits 78; one charge, the unhealthy node's disruption, and one new gang.
+    ([CLOSED_1, CLOSED_2, UNHEALTHY_0], ladder.Fault(1), {"n0": "NodeUnhealthy"},
+     [("p0", ladder.PLATFORM, ""), ("p1", ladder.NOBODY, ladder.EXCUSED), ("p2", ladder.NOBODY, ladder.DUPLICATE)],
+     ladder.Fault(1, ("n0",), 1, True)),
+    # No cause in sight: held like a peer's exit, then charged to the job once, never once per pod.
+    ([CLOSED_1, CLOSED_2], ladder.Fault(1), {}, [("p1", ladder.NOBODY, ladder.HOLD),
+                                                 ("p2", ladder.NOBODY, ladder.DUPLICATE)], ladder.Fault(1)),
+    ([CLOSED_OLD], ladder.Fault(1), {}, [("p2", ladder.JOB, "")], ladder.Fault(1, (), 1)),
     # The rendezvous host's name did not resolve: the cluster's DNS, once per attempt, and the peer that
     # gave up on the rendezvous meanwhile follows from it (charged first, whatever the order found).
     ([RDZV_2, UNRESOLVED_1], ladder.Fault(1), {},

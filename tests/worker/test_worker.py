@@ -343,6 +343,9 @@ USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
     # Ranks ran, then a later round timed out (peers lost, no replacement in time): not the ranks' failure.
     (R06 + RDZV_TIMEOUT_06, True, 1, USER_SCRIPT, exit_codes.RENDEZVOUS_FAILED),
     (R04 + RDZV_TIMEOUT_06, True, 1, USER_SCRIPT, exit_codes.RENDEZVOUS_FAILED),
+    # NVRx 0.6's barrier closed the rendezvous for good (too many unhealthy nodes over the attempt).
+    (R06 + "Agent .run() raised exception, e=RendezvousClosedError('Rendezvous cannot complete')", True, 1,
+     USER_SCRIPT, exit_codes.RENDEZVOUS_CLOSED),
     ("[default0]:" + RDZV_TIMEOUT_06, True, 1, USER_SCRIPT, exit_codes.LAUNCHER_BUDGET_EXHAUSTED),  # a rank's line
     # A rank's traceback names the same error (its own store connection): not the launcher's store.
     ("torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.\n[default0]:" + STORE_LOST_06, True, 1,
@@ -362,7 +365,7 @@ USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
     (R04 + "[default] worker group successfully finished.", False, 0, ["python", "-m", "rtj_worker.train"],
      exit_codes.GANG_STOPPED),
 ], ids=["no-rank", "rank-failed", "store-lost-0.4", "store-lost-0.6", "rdzv-timeout-0.6", "rdzv-timeout-0.4",
-        "rdzv-timeout-in-a-rank", "store-lost-in-a-rank",
+        "rdzv-closed-0.6", "rdzv-timeout-in-a-rank", "store-lost-in-a-rank",
         "store-lost-other-pid", "no-progress", "exit-93", "unhealthy-exit-0", "unhealthy-exit-1",
         "user-script-finished", "exit-0-no-marker", "exit-0-trainer-no-marker"])
 def test_the_launchers_outcome_is_classified_on_the_launcher_side(tmp_path, monkeypatch, lines, runs_ranks,

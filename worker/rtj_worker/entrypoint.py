@@ -25,6 +25,8 @@ never from a rank's output:
   gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
 - 75 NO_PROGRESS: NVRx's progress tracker refused further restarts (no checkpoint progress in
   --ft-max-no-progress-cycles restarts), or NVRx 0.7's launcher exited 93 ("do not restart");
+- 78 RENDEZVOUS_CLOSED: ranks ran, then the rendezvous was closed for good (NVRx's barrier counted more
+  unhealthy nodes than the spares allow, or a peer closed it): a new gang, charged once;
 - 76 RENDEZVOUS_HOST_UNRESOLVED: the rendezvous host's name (the coordinator's, or node 0's) did not
   resolve within the rendezvous timeout: ft_launcher was not started (cluster DNS, not the script);
 - 128 + signal (143 SIGTERM, 130 SIGINT): the pod was told to stop. Whatever ft_launcher returned:
@@ -59,6 +61,7 @@ from .crashloop import CrashLoop
 from .launch import (
     GROUP_FINISHED_LINE,
     NO_PROGRESS_LINE,
+    RENDEZVOUS_CLOSED_LINE,
     RENDEZVOUS_DONE_LINES,
     RENDEZVOUS_TIMEOUT_LINE,
     STORE_LOST_LINES,
@@ -183,6 +186,7 @@ class LauncherWatch:
         self.no_progress = False
         self.store_lost = False
         self.rendezvous_timed_out = False
+        self.rendezvous_closed = False
         self.unhealthy = False
         self.group_finished = False
         self._pid = proc.pid
@@ -208,6 +212,7 @@ class LauncherWatch:
             self.no_progress = self.no_progress or NO_PROGRESS_LINE in message
             self.store_lost = self.store_lost or any(marker in message for marker in STORE_LOST_LINES)
             self.rendezvous_timed_out = self.rendezvous_timed_out or RENDEZVOUS_TIMEOUT_LINE in message
+            self.rendezvous_closed = self.rendezvous_closed or RENDEZVOUS_CLOSED_LINE in message
             self.unhealthy = self.unhealthy or UNHEALTHY_LINE in message
             self.group_finished = self.group_finished or GROUP_FINISHED_LINE in message
 
@@ -387,6 +392,10 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         host = "the coordinator" if cfg.coordinator else "node 0"
         return finish(exit_codes.RENDEZVOUS_HOST_LOST, f"ft_launcher exited {code}: the rendezvous store on "
                       f"{cfg.rdzv_host} ({host}) stopped answering", cfg.checkpoint_dir)
+    if watch.rendezvous_closed:
+        return finish(exit_codes.RENDEZVOUS_CLOSED, f"ft_launcher exited {code}: its ranks had run, then the "
+                      "rendezvous was closed for good (more unhealthy nodes over this attempt than its spares "
+                      "allow, or a peer closed it)", cfg.checkpoint_dir)
     if watch.rendezvous_timed_out:
         # Its ranks ran, then the peers were lost and no replacement joined within the timeout: the
         # rendezvous failed, as for a gang that never met (excused while the platform's fault that took

@@ -46,6 +46,12 @@ RENDEZVOUS_HOST_UNRESOLVED = 76
 # round that could not close in time, its store gone): the gang's rendezvous is gone with it. Not the
 # training code: a new gang, charged to the platform.
 RENDEZVOUS_CONTROL_FAILED = 77
+# Training ran, then the rendezvous was closed for good for this attempt: NVRx's barrier rendezvous
+# counts the unhealthy nodes over the attempt's whole life and closes once they exceed max - min (the
+# spares), though the operator replaced the earlier ones; or a peer closed it. A peer's or a node's
+# doing: one new gang, charged once for the gang (to the platform when an unhealthy or lost node of it
+# explains it), never once per pod.
+RENDEZVOUS_CLOSED = 78
 
 PERMANENT = frozenset({CONFIG_ERROR, PERMANENT_FAILURE})
 # Container runtimes report a signal death as 128 + signal: SIGKILL, the container was killed (by the

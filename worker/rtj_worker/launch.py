@@ -29,6 +29,9 @@ STORE_LOST_LINES = ("RendezvousConnectionError", "The connection to the C10d sto
 # A rendezvous round that did not complete within join_timeout (0.4.1 and 0.6 log the agent's exception so):
 # after its ranks had run, this node's peers were lost and not replaced in time.
 RENDEZVOUS_TIMEOUT_LINE = "Agent .run() raised exception, e=RendezvousTimeoutError("
+# The rendezvous closed for good (NVRx 0.6's barrier: "Rendezvous cannot complete: N unhealthy nodes
+# detected ... Permanently closing rendezvous"), as the launcher logs the agent's exception.
+RENDEZVOUS_CLOSED_LINE = "Agent .run() raised exception, e=RendezvousClosedError("
 # A failed GPU/NIC health check or a rank's ExcludeThisNode request. NVRx logs "Agent .run() raised
 # UnhealthyNodeException" and exits 0 when it catches it, but the rendezvous raises the class of
 # the module nvidia_resiliency_ext.fault_tolerance.launcher while `-m` runs that file as __main__: the
