@@ -91,9 +91,14 @@ def test_long_names_are_rejected_so_hostnames_stay_dns_labels():
 
 
 def test_reserved_env_is_exactly_what_the_job_sets():
-    job = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0)))
+    budget = {"maxRestartsWithoutProgress": 3}
+    job = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0, restartBudget=budget)))
     names = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert names == RESERVED_ENV
+    # The default is the worker's own: not set, so a Job built before it existed keeps its template hash.
+    default = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0)))
+    assert {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]} == RESERVED_ENV - {
+        "RTJ_CRASH_LOOP_REPEATS"}
 
 
 def errors_of(name: str = "train", **spec) -> list[str]:

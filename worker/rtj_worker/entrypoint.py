@@ -177,10 +177,10 @@ class LauncherWatch:
     """Copies the launcher's output to ours and notes what it says about rendezvous and restarts."""
 
     def __init__(self, proc: subprocess.Popen[bytes], tracker: Tracker | None = None,
-                 progress: Callable[[], tuple[int, ...]] | None = None):
+                 progress: Callable[[], tuple[int, ...]] | None = None, repeats: int = 2):
         self.tracker = tracker
         # Each failed worker group, with the progress then (step, checkpoints): a crash loop stops the pod.
-        self.crash = CrashLoop()
+        self.crash = CrashLoop(repeats)
         self._progress = progress or (lambda: ())
         self.started = False
         self.no_progress = False
@@ -326,7 +326,8 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     watch = LauncherWatch(proc, tracker, lambda: (tracker.step, tracker.ckpt or 0,
-                                                  latest_step(Path(cfg.checkpoint_dir), cfg.uid) or 0))
+                                                  latest_step(Path(cfg.checkpoint_dir), cfg.uid) or 0),
+                          cfg.crash_loop_repeats)
     shutdown.attach(proc, state_dir, cfg.rank_stop_seconds)
     permanent = state_dir / "permanent"
     started = False

@@ -13,11 +13,12 @@ OK = 0
 CONFIG_ERROR = 64
 # The training script asked to stop for good (e.g. NaN loss guard, incompatible checkpoint).
 PERMANENT_FAILURE = 65
-# The ranks failed the same way twice in a row (the same last exception) with no step or checkpoint
-# progress between: a typo, a missing dependency, a script that raises at the same step after every
-# respawn. ft_launcher was stopped before spending its restarts on it (rtj_worker.crashloop); the
-# report carries the exception and its traceback's last lines. A new pod may be on a better node: the
-# operator replaces it once, and a second pod failing the same way ends the job (CrashLoop).
+# The ranks failed the same way twice in a row (restartBudget.maxRestartsWithoutProgress: the same last
+# exception) with no step or checkpoint progress between: a typo, a missing dependency, a script that
+# raises at the same step after every respawn. ft_launcher was stopped before spending its restarts on
+# it (rtj_worker.crashloop); the report carries the exception and its traceback's last lines. A new pod
+# may be on a better node: the operator replaces it once, and a second pod failing the same way ends
+# the job (CrashLoop).
 CRASH_LOOP = 66
 # A rank failed and ft_launcher spent its restart budget inside this pod: a new pod may help.
 LAUNCHER_BUDGET_EXHAUSTED = 70

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .crashloop import REPEATS
+
 NVRX = "nvidia-resiliency-ext"
 # What ft_launcher logs about itself (launcher_message() picks its own records out of the output it
 # shares with the ranks: a rank's traceback may name the same exceptions).
@@ -95,6 +97,9 @@ class LaunchConfig:
     max_no_progress_cycles: int
     uid: str
     grace_seconds: float = 120
+    # The same failure, in a row, with no progress, that ends a crash loop (restartBudget's
+    # maxRestartsWithoutProgress; at least 2: once may be bad luck).
+    crash_loop_repeats: int = 2
     # The rendezvous and the ranks' stores are the coordinator pod's (every launcher a client), not node 0's.
     coordinator: bool = False
 
@@ -133,6 +138,7 @@ class LaunchConfig:
                 monitor_interval=float(env.get("RTJ_FT_MONITOR_INTERVAL", "5")),
                 checkpoint_dir=env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"),
                 max_no_progress_cycles=int(env.get("RTJ_FT_MAX_NO_PROGRESS_CYCLES", "3")),
+                crash_loop_repeats=max(2, int(env.get("RTJ_CRASH_LOOP_REPEATS", REPEATS))),
                 uid=env.get("RTJ_UID", ""),
                 grace_seconds=float(env.get("RTJ_GRACE_SECONDS", "120")),
                 coordinator=env.get("RTJ_COORDINATOR") == "1",

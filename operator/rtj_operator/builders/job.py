@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from rtj_worker import exit_codes
+from rtj_worker.crashloop import REPEATS as CRASH_LOOP_REPEATS
 
 from .. import api
 from ..spec import RTJ, nccl_timeout
@@ -90,6 +91,11 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
+    repeats = spec["restartBudget"]["maxRestartsWithoutProgress"]
+    if repeats != CRASH_LOOP_REPEATS:
+        # A crash loop inside the pod ends by the rule that ends one across pods (rtj_worker.crashloop).
+        # Only when not the worker's default: a Job built before it existed keeps its template hash.
+        values["RTJ_CRASH_LOOP_REPEATS"] = str(repeats)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     env += [
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
