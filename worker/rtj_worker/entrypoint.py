@@ -11,7 +11,7 @@ never from a rank's output:
   a standby whose gang finished exits 0 too;
 - 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
 - 65 PERMANENT_FAILURE: the script asked to stop for good (a rank left a 'permanent' marker);
-- 66 CRASH_LOOP: the ranks failed the same way twice in a row with no progress (rtj_worker.crashloop):
+- 66 CRASH_LOOP: the ranks failed the same way twice in a row (RTJ_CRASH_LOOP_REPEATS) with no progress:
   the launcher was stopped before spending its restarts; the report carries the traceback's last lines;
 - 70 LAUNCHER_BUDGET_EXHAUSTED: ranks ran and kept failing; ft_launcher spent its restarts here;
 - 71 RENDEZVOUS_FAILED: peers never joined: no rank was ever started, or a later rendezvous round
@@ -25,10 +25,10 @@ never from a rank's output:
   gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
 - 75 NO_PROGRESS: NVRx's progress tracker refused further restarts (no checkpoint progress in
   --ft-max-no-progress-cycles restarts), or NVRx 0.7's launcher exited 93 ("do not restart");
-- 78 RENDEZVOUS_CLOSED: ranks ran, then the rendezvous was closed for good (NVRx's barrier counted more
-  unhealthy nodes than the spares allow, or a peer closed it): a new gang, charged once;
 - 76 RENDEZVOUS_HOST_UNRESOLVED: the rendezvous host's name (the coordinator's, or node 0's) did not
   resolve within the rendezvous timeout: ft_launcher was not started (cluster DNS, not the script);
+- 78 RENDEZVOUS_CLOSED: ranks ran, then the rendezvous was closed for good (NVRx's barrier counted more
+  unhealthy nodes than the spares allow, or a peer closed it): a new gang, charged once;
 - 128 + signal (143 SIGTERM, 130 SIGINT): the pod was told to stop. Whatever ft_launcher returned:
   the entrypoint asks the ranks to save and stop (rtj_worker.stop) and forwards the signal to
   ft_launcher (which forwards it to the ranks and SIGKILLs them after --term-timeout), and exits
