@@ -172,6 +172,8 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     exit_codes.RENDEZVOUS_HOST_LOST: (PEER, "RendezvousHostLost"),
     exit_codes.RENDEZVOUS_HOST_UNRESOLVED: (UNRESOLVED, "RendezvousHostUnresolved"),
     exit_codes.RENDEZVOUS_CLOSED: (RDZV_CLOSED, RDZV_CLOSED),
+    # NVRx 0.7 said "do not requeue" (its launcher's exit 93): Failed, as it asks.
+    exit_codes.LAUNCHER_DECLINED: (PERMANENT, "LauncherDeclined"),
     # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
     exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
     exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),

@@ -76,6 +76,7 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod("Failed", **terminated(76)), node(), ladder.UNRESOLVED, "RendezvousHostUnresolved", ""),
     (pod("Failed", **terminated(77)), node(), ladder.PLATFORM_FAULT, "RendezvousControlFailed", ""),
     (pod("Failed", **terminated(78)), node(), ladder.RDZV_CLOSED, "RendezvousClosed", ""),
+    (pod("Failed", **terminated(79)), node(), ladder.PERMANENT, "LauncherDeclined", ""),
     (pod("Failed", **terminated(73)), node(), ladder.PLATFORM_FAULT, "NodeUnhealthy", ""),
     (pod("Failed", **terminated(74)), node(), ladder.PEER, "GangStopped", ""),
     (pod("Failed", **terminated(75)), node(), ladder.JOB_FAILURE, "LauncherNoProgress", ""),
@@ -207,11 +208,13 @@ def test_every_exit_code_of_the_worker_has_a_meaning():
     contract = {v for k, v in vars(exit_codes).items() if k.isupper() and isinstance(v, int)}
     # Every code the entrypoint exits with has a meaning here; 0 is success, SIGKILL (137) is a failure
     # like any other (the OOM killer, or a kubelet past the grace period of a deletion, told apart by
-    # the deletion), and 93 is ft_launcher's, which the entrypoint maps to NO_PROGRESS.
+    # the deletion), and 93 is ft_launcher's, which the entrypoint maps to LAUNCHER_DECLINED.
     assert set(ladder.EXIT_CODES) == contract - {exit_codes.OK, exit_codes.SIGKILL, exit_codes.NVRX_DO_NOT_RESTART}
     assert all(kind in ladder.FINDINGS for kind, _ in ladder.EXIT_CODES.values())
+    # The Job's pod failure policy fails it on PERMANENT; 79 fails the job too, by the operator alone (the
+    # policy's codes are part of the pod template, which running Jobs keep across an operator upgrade).
     assert {code for code, (kind, _) in ladder.EXIT_CODES.items() if ladder.FINDINGS[kind].fails} \
-        == set(exit_codes.PERMANENT)
+        == set(exit_codes.PERMANENT) | {exit_codes.LAUNCHER_DECLINED}
 
 
 BUDGET = {"maxRestarts": 3, "maxDisruptions": 10, "maxRestartsWithoutProgress": 2}

@@ -330,7 +330,8 @@ def test_node_0_lost_and_its_peers_rendezvous_exit_are_one_disruption():
 
 
 @pytest.mark.parametrize("code, reason", [(exit_codes.CONFIG_ERROR, "ConfigError"),
-                                          (exit_codes.PERMANENT_FAILURE, "PermanentFailure")])
+                                          (exit_codes.PERMANENT_FAILURE, "PermanentFailure"),
+                                          (exit_codes.LAUNCHER_DECLINED, "LauncherDeclined")])  # NVRx 0.7's 93
 def test_a_permanent_failure_fails_the_job_then_its_gang_is_suspended(code, reason):
     w = W()
     w.world.pods[0] = pod(0, "Failed", code=code)

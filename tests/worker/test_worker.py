@@ -355,7 +355,9 @@ USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
     (R04.replace("PID", "1") + STORE_LOST_04, True, 1, USER_SCRIPT, exit_codes.LAUNCHER_BUDGET_EXHAUSTED),
     (f"{R06}[default] {NO_PROGRESS_LINE}. No more restarts will be attempted.", True, 1, USER_SCRIPT,
      exit_codes.NO_PROGRESS),
-    ("", True, exit_codes.NVRX_DO_NOT_RESTART, USER_SCRIPT, exit_codes.NO_PROGRESS),  # NVRx 0.7
+    # NVRx 0.7's "do not requeue", even with 0.6's no-progress line before it.
+    (f"{R06}[default] {NO_PROGRESS_LINE}.", True, exit_codes.NVRX_DO_NOT_RESTART, USER_SCRIPT,
+     exit_codes.LAUNCHER_DECLINED),
     (R06 + "Agent .run() raised UnhealthyNodeException: Node n0 is unhealthy.", True, 0, USER_SCRIPT,
      exit_codes.NODE_UNHEALTHY),
     (R04 + "Agent .run() raised exception, e=UnhealthyNodeException('Node n0 is excluded')", True, 1, USER_SCRIPT,

@@ -23,12 +23,14 @@ never from a rank's output:
   its launcher left (0.4.1 and 0.6 then exit 0, 0.7 exits 1);
 - 74 GANG_STOPPED: ft_launcher exited 0 without training having finished: it left because the
   gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
-- 75 NO_PROGRESS: NVRx's progress tracker refused further restarts (no checkpoint progress in
-  --ft-max-no-progress-cycles restarts), or NVRx 0.7's launcher exited 93 ("do not restart");
+- 75 NO_PROGRESS: NVRx 0.6's progress tracker refused further restarts (no checkpoint progress in
+  --ft-max-no-progress-cycles restarts);
 - 76 RENDEZVOUS_HOST_UNRESOLVED: the rendezvous host's name (the coordinator's, or node 0's) did not
   resolve within the rendezvous timeout: ft_launcher was not started (cluster DNS, not the script);
 - 78 RENDEZVOUS_CLOSED: ranks ran, then the rendezvous was closed for good (NVRx's barrier counted more
   unhealthy nodes than the spares allow, or a peer closed it): a new gang, charged once;
+- 79 LAUNCHER_DECLINED: NVRx 0.7's launcher exited 93, "do not requeue" (no progress across restarts,
+  or its attribution said stop): the job fails;
 - 128 + signal (143 SIGTERM, 130 SIGINT): the pod was told to stop. Whatever ft_launcher returned:
   the entrypoint asks the ranks to save and stop (rtj_worker.stop) and forwards the signal to
   ft_launcher (which forwards it to the ranks and SIGKILLs them after --term-timeout), and exits
@@ -380,12 +382,13 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         return finish(exit_codes.GANG_STOPPED, "ft_launcher exited 0 but training has not finished for this job "
                       f"(no completion marker for uid {cfg.uid!r} at the newest checkpoint): the gang stopped "
                       "(rendezvous closed, or this node was a standby)", cfg.checkpoint_dir)
+    if code == exit_codes.NVRX_DO_NOT_RESTART:  # NVRx 0.7's "do not requeue", whatever else it logged
+        return finish(exit_codes.LAUNCHER_DECLINED, f"ft_launcher exited {code}: NVRx concluded the job must not "
+                      "be restarted (no checkpoint progress across restarts, or its failure attribution said "
+                      "stop)", cfg.checkpoint_dir)
     if watch.no_progress:
         return finish(exit_codes.NO_PROGRESS, f"ft_launcher exited {code}: it stopped restarting, no checkpoint "
                       f"progress in {cfg.max_no_progress_cycles} consecutive restart cycles", cfg.checkpoint_dir)
-    if code == exit_codes.NVRX_DO_NOT_RESTART:
-        return finish(exit_codes.NO_PROGRESS, f"ft_launcher exited {code}: NVRx decided not to restart (no "
-                      "checkpoint progress, or its failure attribution)", cfg.checkpoint_dir)
     if not started:
         return finish(exit_codes.RENDEZVOUS_FAILED, f"ft_launcher exited {code} before any rank started "
                       "(rendezvous did not complete)", cfg.checkpoint_dir)

@@ -35,9 +35,9 @@ NODE_UNHEALTHY = 73
 # gang stopped (the rendezvous was closed by a peer that gave up, or this node was a standby when
 # the others stopped). The peer that stopped the gang reports its own cause.
 GANG_STOPPED = 74
-# NVRx's progress tracker refused further restarts (no checkpoint progress over
-# --ft-max-no-progress-cycles restarts), or NVRx >= 0.7's launcher exited 93 ("do not restart"). A
-# new pod or gang may still progress (a bad node, a transient fault): not permanent.
+# NVRx 0.6's progress tracker refused further restarts (no checkpoint progress over
+# --ft-max-no-progress-cycles restarts). A new pod or gang may still progress (a bad node, a transient
+# fault): not permanent.
 NO_PROGRESS = 75
 # The rendezvous host's name (the coordinator's, or node 0's) did not resolve within
 # rendezvousTimeoutSeconds, so ft_launcher was never started: the cluster's DNS, or the publication of
@@ -53,6 +53,10 @@ RENDEZVOUS_CONTROL_FAILED = 77
 # doing: one new gang, charged once for the gang (to the platform when an unhealthy or lost node of it
 # explains it), never once per pod.
 RENDEZVOUS_CLOSED = 78
+# NVRx >= 0.7 concluded that the job must not be restarted and said so with its launcher's exit 93,
+# "do not requeue" (its failure attribution said stop, or its progress tracker saw no progress across
+# restarts; fault_tolerance/utils.py, RDZV_NO_RESTART_REASONS): the job fails, not requeued.
+LAUNCHER_DECLINED = 79
 
 PERMANENT = frozenset({CONFIG_ERROR, PERMANENT_FAILURE})
 # Container runtimes report a signal death as 128 + signal: SIGKILL, the container was killed (by the
@@ -65,5 +69,5 @@ SIGTERM = 143
 SIGINT = 130
 
 # Exit codes of ft_launcher itself that the entrypoint reads (not its own).
-# NVRx >= 0.7 (unreleased at 0.6.0): the launcher decided not to restart (no progress, attribution).
+# NVRx >= 0.7: the launcher decided the job must not be restarted (DEFAULT_NO_RESTART_EXIT_CODE).
 NVRX_DO_NOT_RESTART = 93
