@@ -90,6 +90,10 @@ UNRESOLVED = "Unresolved"
 # eviction, a deletion) or its own failure. Either way the rendezvous is gone with it: a new gang.
 COORDINATOR_LOST = "CoordinatorLost"
 COORDINATOR_FAILED = "CoordinatorFailed"
+# The coordinator's nvrx-control raised (exit 77): a rendezvous round could not close, a failed
+# rendezvous as a launcher's 71 is, but the platform's (no training code runs there), and like a 71 not
+# charged while a platform fault is recovered or a pod of the gang finds no node.
+CONTROL_FAILED = "RendezvousControlFailed"
 
 FINDINGS: dict[str, Meaning] = {
     JOB_FAILURE: Meaning(REPLACE_POD, JOB),
@@ -101,6 +105,7 @@ FINDINGS: dict[str, Meaning] = {
     PEER: Meaning(REPLACE_POD, PEERS),
     COORDINATOR_LOST: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
     COORDINATOR_FAILED: Meaning(GANG_RESTART, JOB, once_per=ATTEMPT),
+    CONTROL_FAILED: Meaning(GANG_RESTART, PLATFORM, once_per=ATTEMPT),
 }
 
 
@@ -143,6 +148,7 @@ CONSEQUENCES: dict[str, Consequence] = {
     JOB_FAILURE: Consequence(counts_node_failure=True),
     COORDINATOR_LOST: COORDINATOR_GONE,
     COORDINATOR_FAILED: COORDINATOR_GONE,
+    CONTROL_FAILED: COORDINATOR_GONE,
     RDZV_CLOSED: Consequence(gang_reason="the rendezvous was closed for good",
                              gang_reason_excused="the rendezvous was closed for good"),
     UNRESOLVED: Consequence(gang_reason="the rendezvous host's name did not resolve",
@@ -159,7 +165,8 @@ NO_CONSEQUENCE = Consequence()
 
 # A pass charges platform findings first and peer findings last: a peer's failure may be explained
 # by a lost node (or the coordinator) seen in the same pass.
-CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, UNRESOLVED: 0, JOB_FAILURE: 1,
+CHARGE_ORDER = {COORDINATOR_LOST: 0, COORDINATOR_FAILED: 0, PLATFORM_FAULT: 0, UNRESOLVED: 0, CONTROL_FAILED: 1,
+                JOB_FAILURE: 1,
                 RENDEZVOUS: 1, PERMANENT: 1, PEER: 2, RDZV_CLOSED: 2}
 
 # The worker's exit codes (rtj_worker.exit_codes, the contract with the entrypoint) -> (kind, reason).
@@ -177,8 +184,8 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     # A standby, or a node whose peer closed the rendezvous: the peer's own exit says why.
     exit_codes.GANG_STOPPED: (PEER, "GangStopped"),
     exit_codes.NODE_UNHEALTHY: (PLATFORM_FAULT, "NodeUnhealthy"),
-    # Only the coordinator exits so (its nvrx-control raised): CoordinatorLost, the platform's.
-    exit_codes.RENDEZVOUS_CONTROL_FAILED: (PLATFORM_FAULT, "RendezvousControlFailed"),
+    # Only the coordinator exits so (its nvrx-control raised): coordinator_finding makes it CONTROL_FAILED.
+    exit_codes.RENDEZVOUS_CONTROL_FAILED: (PLATFORM_FAULT, CONTROL_FAILED),
     # NVRx stopped restarting for lack of checkpoint progress: a new pod (often on another node) may
     # progress; restartBudget.maxRestartsWithoutProgress decides, never the Job controller (FailJob).
     exit_codes.NO_PROGRESS: (JOB_FAILURE, "LauncherNoProgress"),
@@ -592,6 +599,9 @@ def coordinator_finding(pod: dict[str, Any], node: dict[str, Any] | None, now: d
         return None
     if found.kind == PERMANENT:
         return found
+    if found.reason == CONTROL_FAILED:
+        return Finding(found.pod, found.uid, CONTROL_FAILED, CONTROL_FAILED, f"the coordinator: {found.message}",
+                       found.action, found.lost_node, found.age)
     kind = COORDINATOR_LOST if found.kind == PLATFORM_FAULT else COORDINATOR_FAILED
     return Finding(found.pod, found.uid, kind, kind, f"the coordinator ({found.reason}): {found.message}",
                    found.action, found.lost_node, found.age)
@@ -695,7 +705,7 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
         if f.lost_node and f.lost_node in nodes:
             charges.append(Charge(f, NOBODY, why=DUPLICATE))  # charged already, through a pod of its gang
             continue
-        if f.kind in (RENDEZVOUS, UNRESOLVED) and (platform or capacity):
+        if f.kind in (RENDEZVOUS, UNRESOLVED, CONTROL_FAILED) and (platform or capacity):
             # Not charged, yet a new gang all the same: the launcher that timed out closed the gang's
             # rendezvous for good (NVRx 0.6's barrier and torch's c10d alike), so no pod joins it again.
             charges.append(Charge(f, NOBODY, meaning.tier, message=f.message, why=EXCUSED,
