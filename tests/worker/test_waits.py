@@ -123,3 +123,25 @@ def test_the_checkpoints_final_save_and_load_keep_the_watchdog_fed(tmp_path, gro
     loaded = {"w": torch.zeros(4)}
     assert stale_seconds(lambda: ckpt.load_latest(loaded)) < waits.POLL_MAX + 0.3
     assert loaded["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_load_slower_than_its_bound_keeps_the_step_for_the_next_try(tmp_path, group, monkeypatch):
+    """Seen on the slow volume: a committed step whose read outlasted heartbeatTimeoutSeconds was marked
+    unloadable, as a damaged one is, and the gang resumed from a far older step."""
+    ckpt = Checkpointer(tmp_path, 0, 1, use_async=False, uid="job-a")
+    ckpt.attach()
+    ckpt.save(10, {"w": torch.arange(4.0)})
+    ckpt.io_timeout = 0.5
+    load = checkpoint.dcp.load
+
+    def slow_load(state, checkpoint_id, process_group):
+        time.sleep(2)
+        return load(state, checkpoint_id=checkpoint_id, process_group=process_group)
+
+    monkeypatch.setattr(checkpoint.dcp, "load", slow_load)
+    with pytest.raises(TimeoutError, match="kept, and tried again"):
+        ckpt.load_latest({"w": torch.zeros(4)})
+    assert complete_steps(tmp_path, "job-a") == [10]  # not marked unloadable
+    ckpt.io_timeout = 30
+    loaded = {"w": torch.zeros(4)}
+    assert ckpt.load_latest(loaded) == 10 and loaded["w"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 # DCP raises CheckpointException (a BaseException) on every rank when any rank's write or read failed.
 FAILURES = (Exception, CheckpointException)
 WRITERS = ("thread", "process")
+# A load's outcome on one rank, agreed as the minimum: a timed-out read is slow storage, not a damaged step.
+TIMED_OUT, UNREADABLE, LOADED = -1, 0, 1
 # The first save of a new writer process also spawns it (a new interpreter imports torch): seconds.
 PROCESS_SPAWN_SECONDS = 60.0
 
@@ -406,17 +408,27 @@ class Checkpointer:
                 self.committed_step = 0
                 return 0
             if agree_min(int(candidate in mine), self.group):
-                ok = 1
+                ok = LOADED
                 try:  # minutes for real-size state: in a thread, waited for in polls (waits.py)
                     waits.call(lambda c=candidate: dcp.load(state, checkpoint_id=step_dir(self.root, c),
                                                             process_group=self.io_group),
                                self.io_timeout, f"checkpoint step {candidate}'s load")
-                except FAILURES as exc:  # unreadable shard: DCP raises on every rank (a TimeoutError here too)
+                except concurrent.futures.TimeoutError as exc:
+                    log.warning("rank %d: checkpoint step %d: %s", self.rank, candidate, exc)
+                    ok = TIMED_OUT
+                except FAILURES as exc:  # unreadable shard: DCP raises on every rank
                     log.warning("rank %d: checkpoint step %d does not load: %s", self.rank, candidate, exc)
-                    ok = 0
-                if agree_min(ok, self.group):
+                    ok = UNREADABLE
+                outcome = agree_min(ok, self.group)
+                if outcome == LOADED:
                     self.committed_step = candidate
                     return candidate
+                if outcome == TIMED_OUT:
+                    # Slow storage, not a damaged step: marking it unloadable would lose it for good (seen
+                    # on the slow volume: a committed step given up for a far older one). Retried whole.
+                    self.load_failed = True
+                    raise TimeoutError(f"checkpoint step {candidate} was not read within {self.io_timeout:g} s on "
+                                       "every rank (heartbeatTimeoutSeconds): kept, and tried again")
                 self.load_failed = True
                 if self.rank == 0:  # so that pruning never keeps it in place of a step that loads
                     try:
