@@ -65,6 +65,13 @@ def test_the_coordinator_prefers_another_instance_type_and_a_node_without_its_ga
     assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
 
 
+def test_autoscalers_are_asked_not_to_move_the_coordinator():
+    """Issue 29.4: a Karpenter consolidation removing it ended the gang's rendezvous."""
+    annotations = build_coordinator(rtj(), 1)["metadata"]["annotations"]
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
 def test_job_env_derives_rendezvous_from_index_zero_and_rank_from_completion_index():
     env = env_of(build_job(rtj(nodes={"count": 4}, coordinator={"enabled": False}), attempt=2))
     assert env["MASTER_ADDR"] == "train-0.train.default.svc"

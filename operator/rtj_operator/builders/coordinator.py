@@ -21,6 +21,9 @@ from .names import coordinator_name, labels, selector_labels, service_name
 from .pod import image_pull_secrets, pod_metadata
 
 RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+# Autoscalers must not move it to consolidate nodes: its loss ends the gang's rendezvous (a gang restart
+# of every node). Karpenter's (v1) and Cluster Autoscaler's per-pod opt-outs; a drain still evicts it.
+DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
 def build_coordinator(rtj: RTJ, attempt: int) -> dict[str, Any] | None:
@@ -46,7 +49,7 @@ def build_coordinator(rtj: RTJ, attempt: int) -> dict[str, Any] | None:
             "name": coordinator_name(rtj),
             "namespace": rtj.namespace,
             **pod_metadata(rtj, {**labels(rtj, "coordinator"), api.LABEL_ATTEMPT: str(attempt)},
-                           {api.LABEL_ATTEMPT: str(attempt)}),
+                           {api.LABEL_ATTEMPT: str(attempt), **DO_NOT_DISRUPT}),
         },
         "spec": {
             "restartPolicy": "Never",  # its state is the gang's rendezvous: a new one means a new gang
