@@ -815,7 +815,11 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                            "no pod of it is placed there until then."},
         "queue": _obj({"name": _str("The LocalQueue."), "workload": _str("Kueue's Workload for the Job."),
                        "admitted": {"type": "boolean", "description": "Whether Kueue admitted it."},
-                       "clusterQueue": _str("The ClusterQueue that admitted it.")},
+                       "clusterQueue": _str("The ClusterQueue that admitted it."),
+                       "activeRequested": {"type": "boolean", "description": "The Workload's spec.active the "
+                                           "operator last asked for (from spec.suspend): it acts on a change "
+                                           "of spec.suspend only, so a Workload Kueue or an admin "
+                                           "deactivated stays so."}},
                       description="Kueue: the LocalQueue, the Workload Kueue made for the Job, whether it is "
                                   "admitted and by which ClusterQueue."),
         "recovery": _obj(

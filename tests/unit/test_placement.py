@@ -406,7 +406,7 @@ def test_a_waiting_gang_is_queued_with_kueues_reason_and_never_resumed_by_the_op
     assert conds["Queued"]["status"] == "True" and conds["Queued"]["reason"] == "Pending"
     assert "insufficient quota" in conds["Queued"]["message"] and conds["Admitted"]["status"] == "False"
     assert intent.status.queue == {"name": "team-a", "workload": "job-train-abc12", "admitted": False,
-                                   "clusterQueue": ""}
+                                   "clusterQueue": "", "activeRequested": True}
     assert not [a for a in intent.actions if a.kind in ("Job", "Workload")]  # no un-suspend, no fight
     assert not [a for a in intent.actions if a.kind == "Pod"]  # no coordinator while queued
     assert "Queued" in reasons(intent)
@@ -431,7 +431,8 @@ def test_a_running_admitted_gang_keeps_its_queue_status_without_reading_the_work
     w.world.workload, w.world.workload_read = None, False  # admitted and running: not read
     again = w.run()
     assert again.status.queue == first.status.queue == {"name": "team-a", "workload": "job-train-abc12",
-                                                         "admitted": True, "clusterQueue": "cq"}
+                                                         "admitted": True, "clusterQueue": "cq",
+                                                         "activeRequested": True}
     conds = {c["type"]: c for c in again.status.conditions}
     assert conds["Admitted"]["status"] == "True" and conds["Queued"]["status"] == "False"
 
@@ -456,6 +457,29 @@ def test_spec_suspend_deactivates_the_workload_and_resume_activates_it(suspend, 
     (patch,) = [a for a in intent.actions if a.kind == "Workload"]
     assert (patch.verb, patch.name, patch.body) == (PATCH, "job-train-abc12", {"spec": {"active": want}})
     assert not [a for a in intent.actions if a.kind == "Job"]
+
+
+def test_a_workload_kueue_or_an_admin_deactivated_stays_so_until_spec_suspend_is_toggled():
+    """Issue 29.11: the operator re-activated at its next pass a Workload Kueue deactivated (its requeue
+    limit) or an admin did (kueuectl stop)."""
+    w = queued_world(suspended=True)
+    w.status(queue={"name": "team-a", "workload": "job-train-abc12", "admitted": False, "clusterQueue": "",
+                    "activeRequested": True})
+    w.world.workload = workload(admitted=False, active=False)
+    intent = w.run()
+    assert not [a for a in intent.actions if a.kind == "Workload"]
+    queued_cond = next(c for c in intent.status.conditions if c["type"] == "Queued")
+    assert queued_cond["reason"] == "Deactivated" and "set spec.suspend to true, then false" in queued_cond["message"]
+    # The user toggles spec.suspend: each change is acted on once.
+    w.body["spec"]["suspend"] = True
+    w.body["status"] = intent.status.to_dict()
+    off = w.run()
+    assert not [a for a in off.actions if a.kind == "Workload"]  # already inactive: nothing to patch
+    assert off.status.queue["activeRequested"] is False
+    w.body["spec"]["suspend"] = False
+    w.body["status"] = off.status.to_dict()
+    on = w.run()
+    assert [(a.kind, a.body) for a in on.actions if a.kind == "Workload"] == [("Workload", {"spec": {"active": True}})]
 
 
 def test_a_failed_queued_job_deactivates_its_workload():

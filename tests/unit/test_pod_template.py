@@ -9,6 +9,7 @@ from pod_examples import FULL_POD
 
 from rtj_operator import api
 from rtj_operator.builders import build_coordinator, build_job
+from rtj_operator.builders.coordinator import DO_NOT_DISRUPT
 from rtj_operator.spec import RTJ, schema_errors, semantic_errors
 from testkit import rtj_body
 
@@ -47,7 +48,8 @@ def test_an_rtj_without_spec_pod_keeps_its_template_hash(spec, expected):
 def test_the_coordinator_of_an_rtj_without_spec_pod_is_unchanged():
     coordinator = build_coordinator(rtj(), 2)
     assert set(coordinator["metadata"]) == {"name", "namespace", "labels", "annotations"}
-    assert coordinator["metadata"]["annotations"] == {api.LABEL_ATTEMPT: "2"}
+    # The autoscalers' opt-outs (issue 29.4): a coordinator is made per attempt, never compared.
+    assert coordinator["metadata"]["annotations"] == {api.LABEL_ATTEMPT: "2", **DO_NOT_DISRUPT}
     assert "imagePullSecrets" not in coordinator["spec"] and "priorityClassName" not in coordinator["spec"]
 
 
@@ -91,7 +93,7 @@ def test_spec_pod_never_replaces_what_recovery_depends_on():
 def test_the_coordinator_gets_labels_annotations_pull_secrets_and_the_workers_priority():
     pod = build_coordinator(rtj(pod=FULL_POD, priorityClassName="training-high"), 3)
     assert pod["metadata"]["labels"]["team"] == "ml" and pod["metadata"]["labels"][api.LABEL_COMPONENT] == "coordinator"
-    assert pod["metadata"]["annotations"] == {**FULL_POD["annotations"], api.LABEL_ATTEMPT: "3"}
+    assert pod["metadata"]["annotations"] == {**FULL_POD["annotations"], api.LABEL_ATTEMPT: "3", **DO_NOT_DISRUPT}
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["priorityClassName"] == "training-high"
     # Scheduler, volumes and init containers are the workers' only.

@@ -53,8 +53,7 @@ def ensure_queue(d: Draft) -> None:
     d.status.queue = {"name": name, "workload": (wl or {}).get("metadata", {}).get("name", ""),
                       "admitted": admitted is not None, "clusterQueue": reserved.get("clusterQueue", "")}
     if wl is not None:
-        activate_workload(d, not rtj.spec["suspend"], "spec.suspend is true" if rtj.spec["suspend"] else
-                          "spec.suspend is false")
+        follow_suspend(d, before)
     suspended = bool(job["spec"].get("suspend"))
     if rtj.spec["suspend"]:
         d.cond(QUEUED, False, "Suspended", "spec.suspend is true: the Workload is deactivated")
@@ -69,9 +68,25 @@ def ensure_queue(d: Draft) -> None:
            (admitted or {}).get("message") or "")
 
 
+def follow_suspend(d: Draft, before: dict) -> None:
+    """spec.suspend is the user's switch of the Workload's spec.active (Kueue's own stop). The operator
+    acts on a change of the switch, recorded first (status.queue.activeRequested), never on the
+    Workload's state: one that Kueue (its requeue limit) or an admin (`kueuectl stop`) deactivated stays
+    so (queue_wait says how to start it again). A status from before the record acts as a change."""
+    assert d.status.queue is not None
+    wanted = not d.rtj.spec["suspend"]
+    d.status.queue["activeRequested"] = wanted
+    if before.get("activeRequested") != wanted:
+        activate_workload(d, wanted, "spec.suspend is true" if not wanted else "spec.suspend is false")
+
+
 def queue_wait(d: Draft, name: str) -> tuple[str, str]:
     """Why a queued gang does not run, from its Workload (Kueue's conditions carry the reason)."""
     wl = d.world.workload
+    if wl is not None and not (wl.get("spec") or {}).get("active", True) and not d.rtj.spec["suspend"]:
+        return "Deactivated", (f"Workload {wl['metadata']['name']} was deactivated by Kueue (its requeue limit) "
+                               "or an admin, and stays so: set spec.suspend to true, then false, to queue the job "
+                               "again")
     if wl is None:
         why = d.world.workload_error or "Kueue has not made a Workload for it yet"
         return "WaitingForWorkload", (f"Job {job_name(d.rtj)} is suspended for LocalQueue {name}: {why} (is Kueue "
