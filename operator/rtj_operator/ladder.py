@@ -436,7 +436,11 @@ def fencing(node: dict[str, Any] | None, cloud: str = "") -> str:
     `cloud`: what a cloud check said (fencing.py), e.g. that its EC2 instance is terminated."""
     if node is None:
         return "its Node object is deleted"
-    if any(t.get("key") == OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or []):
+    ready = get_condition((node.get("status") or {}).get("conditions") or [], "Ready") or {}
+    # As PodGC: the out-of-service taint fences a node that is also not Ready (a person's or an
+    # automation's word that it is shut down); on a Ready node its kubelet still runs the pods.
+    if ready.get("status") != "True" and any(
+            t.get("key") == OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or []):
         return f"it is tainted {OUT_OF_SERVICE}"
     return cloud
 

@@ -58,6 +58,11 @@ DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionB
     (pod(deleting_since=61), node("False"), ladder.PLATFORM_FAULT, "NodeNotReady", ""),
     (pod(deleting_since=61), node("False", taints=[ladder.OUT_OF_SERVICE]), ladder.PLATFORM_FAULT, "NodeNotReady",
      ladder.FORCE),
+    # Issue 29.9: as PodGC, the taint fences a node that is not Ready; one whose kubelet still says Ready
+    # (its unreachable taint not yet lifted) may still run the pod: a second process of the rank would
+    # share its checkpoints. Not forced.
+    (pod(deleting_since=61), node(taints=[ladder.OUT_OF_SERVICE], unreachable=True), ladder.PLATFORM_FAULT,
+     "NodeUnreachable", ""),
     (pod(deleting_since=1), None, ladder.PLATFORM_FAULT, "NodeDeleted", ladder.FORCE),  # nothing runs there
     (pod(deleting_since=300), node(), None, None, None),  # a live kubelet finishes it
     (pod(deleting_since=1, conditions=DISRUPTED), node(), ladder.PLATFORM_FAULT, "EvictionByEvictionAPI", ""),
