@@ -40,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--unhealthy-node-label", action="append", metavar="KEY=V1,V2",
                         help="A node label whose values mean a node cannot train (repeatable). Default: "
                              f"{health.HYPERPOD_LABEL}={','.join(health.HYPERPOD_UNHEALTHY)} (SageMaker HyperPod).")
+    parser.add_argument("--workload-node-reason", action="append", metavar="REASON",
+                        help="A reason of those conditions that the workload causes, not the node (repeatable): "
+                             "such a condition is not a node fault. Default: "
+                             f"{', '.join(health.WORKLOAD_REASONS)} (the EKS node monitoring agent's).")
     parser.add_argument("--no-default-node-health", action="store_true",
                         help="Only the --unhealthy-node-condition/-label given count (none: node health is not read).")
     parser.add_argument("--leader-elect", action="store_true",
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     default = None if not args.no_default_node_health else []
     node_health = health.NodeHealth.parse(
         args.unhealthy_node_condition if args.unhealthy_node_condition is not None else default,
-        args.unhealthy_node_label if args.unhealthy_node_label is not None else default)
+        args.unhealthy_node_label if args.unhealthy_node_label is not None else default,
+        args.workload_node_reason if args.workload_node_reason is not None else default)
     client = kube.configure(args.server)
     storage_check = None
     if args.check_fsx:

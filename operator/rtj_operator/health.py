@@ -23,6 +23,11 @@ EKS_CONDITIONS = ("AcceleratedHardwareReady", "NetworkingReady", "StorageReady",
                   "ContainerRuntimeReady")
 HYPERPOD_LABEL = "sagemaker.amazonaws.com/node-health-status"
 HYPERPOD_UNHEALTHY = ("Unschedulable", "UnschedulablePendingReplacement", "UnschedulablePendingReboot")
+# Reasons of those conditions that the workload causes, not the node: the EKS agent's KernelReady
+# ForkFailedOutOfPIDs (the job's processes spent the PID limit) and ContainerRuntimeReady
+# PodStuckTerminating. Read as node faults, the job's own bug became a platform charge and excluded
+# healthy nodes for an hour; they are left to the pods' own exits, charged to the job.
+WORKLOAD_REASONS = ("ForkFailedOutOfPIDs", "PodStuckTerminating")
 
 
 @dataclass(frozen=True)
@@ -31,17 +36,21 @@ class NodeHealth:
 
     conditions: tuple[tuple[str, str], ...] = tuple((c, "False") for c in EKS_CONDITIONS)
     labels: tuple[tuple[str, frozenset[str]], ...] = ((HYPERPOD_LABEL, frozenset(HYPERPOD_UNHEALTHY)),)
+    workload_reasons: frozenset[str] = frozenset(WORKLOAD_REASONS)  # a matching condition with one: healthy
 
     @classmethod
-    def parse(cls, conditions: list[str] | None, labels: list[str] | None) -> NodeHealth:
-        """From flags: `Type=Status` (e.g. `AcceleratedHardwareReady=False`) and `key=v1,v2`; None keeps
-        the defaults, an empty list turns that kind of signal off."""
+    def parse(cls, conditions: list[str] | None, labels: list[str] | None,
+              workload_reasons: list[str] | None = None) -> NodeHealth:
+        """From flags: `Type=Status` (e.g. `AcceleratedHardwareReady=False`), `key=v1,v2` and reasons; None
+        keeps the defaults, an empty list turns that kind of signal (or of exception) off."""
         default = cls()
         conds = default.conditions if conditions is None else tuple(_pair(c, "condition") for c in conditions)
         labs = default.labels if labels is None else tuple(
             (key, frozenset(v for v in values.split(",") if v)) for key, values in
             (_pair(spec, "label") for spec in labels))
-        return cls(conds, labs)
+        reasons = default.workload_reasons if workload_reasons is None else frozenset(
+            r.strip() for r in workload_reasons if r.strip())
+        return cls(conds, labs, reasons)
 
 
 def _pair(text: str, what: str) -> tuple[str, str]:
@@ -52,7 +61,7 @@ def _pair(text: str, what: str) -> tuple[str, str]:
 
 
 DEFAULT = NodeHealth()
-NONE = NodeHealth((), ())
+NONE = NodeHealth((), (), frozenset())
 
 
 def unhealthy(node: dict[str, Any] | None, rules: NodeHealth = DEFAULT) -> str:
@@ -61,7 +70,8 @@ def unhealthy(node: dict[str, Any] | None, rules: NodeHealth = DEFAULT) -> str:
         return ""
     for cond in (node.get("status") or {}).get("conditions") or []:
         for type_, bad in rules.conditions:
-            if cond.get("type") == type_ and cond.get("status") == bad:
+            if (cond.get("type") == type_ and cond.get("status") == bad
+                    and cond.get("reason") not in rules.workload_reasons):
                 why = cond.get("reason") or bad
                 message = (cond.get("message") or "").strip()
                 return f"{type_}={bad} ({why})" + (f": {message[:200]}" if message else "")

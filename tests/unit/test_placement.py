@@ -46,6 +46,11 @@ def sick(name: str, cond: dict[str, Any] | None = None, labels: dict[str, str] |
     ([XID], {}, health.NONE, ""),  # node health off
     ([{"type": "MemoryPressure", "status": "True"}], {}, health.DEFAULT, ""),  # the kubelet's own: not ours
     ([{"type": "Custom", "status": "True"}], {}, health.NodeHealth.parse(["Custom=True"], []), "Custom=True (True)"),
+    # Issue 29.8: verdicts the workload causes are not node faults (the job's own bug, not the machine's).
+    ([{"type": "KernelReady", "status": "False", "reason": "ForkFailedOutOfPIDs"}], {}, health.DEFAULT, ""),
+    ([{"type": "ContainerRuntimeReady", "status": "False", "reason": "PodStuckTerminating"}], {}, health.DEFAULT, ""),
+    ([{"type": "KernelReady", "status": "False", "reason": "ForkFailedOutOfPIDs"}], {},
+     health.NodeHealth.parse(None, None, []), "KernelReady=False (ForkFailedOutOfPIDs)"),
 ])
 def test_which_nodes_cannot_train(conds, labels, rules, want):
     n = {"metadata": {"name": "n", "labels": labels}, "status": {"conditions": conds}}
@@ -57,7 +62,8 @@ def test_rules_from_flags():
     assert rules.conditions == (("A", "False"), ("B", "Unknown"))
     assert rules.labels == (("k", frozenset({"x", "y"})),)
     assert health.NodeHealth.parse(None, None) == health.DEFAULT
-    assert health.NodeHealth.parse([], []) == health.NONE
+    assert health.NodeHealth.parse([], [], []) == health.NONE
+    assert health.NodeHealth.parse(None, None, [" Custom "]).workload_reasons == {"Custom"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         health.NodeHealth.parse(["AcceleratedHardwareReady"], None)
 
