@@ -82,6 +82,12 @@ def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any)
     return schema
 
 
+# From this many ranks (nodes x processes per node) the in-process timeouts default to NVRx's own (60/90 s)
+# instead of 45/55 s: their watchdog also covers process-group setup, which takes far longer at that scale.
+LARGE_WORLD = 512
+IN_PROCESS_TIMEOUTS = {False: (45, 55), True: (60, 90)}  # by world >= LARGE_WORLD: (soft, hard)
+
+
 def _int(default: int | None = None, minimum: int | None = None, maximum: int | None = None,
          description: str = "") -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "integer"}
@@ -558,15 +564,19 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                          "because a peer failed is not charged. 5 as in the "
                                                          "NVRx reference (FaultCounter(max_rank_faults=5)), "
                                                          "so its 5-fault schedule is recovered in process."),
-                        "softTimeoutSeconds": _int(45, 2, 3600, "Progress watchdog soft timeout: a rank that "
-                                                                "made no progress for this long is aborted and "
-                                                                "restarts in process (at least 2 s: NVRx's 1 s "
-                                                                "monitor intervals must be shorter)."),
-                        "hardTimeoutSeconds": _int(55, 1, 7200, "Progress watchdog hard timeout: a rank still "
-                                                                "stuck is terminated (ft_launcher takes over). "
-                                                                "Must be below resiliency.heartbeatTimeoutSeconds "
-                                                                "(defaults leave room for heartbeat timeouts down "
-                                                                "to 60 s)."),
+                        "softTimeoutSeconds": _int(None, 2, 3600, "Progress watchdog soft timeout: a rank that "
+                                                                  "made no progress for this long is aborted and "
+                                                                  "restarts in process (at least 2 s: NVRx's 1 s "
+                                                                  "monitor intervals must be shorter). It also "
+                                                                  "covers process-group setup, which takes far "
+                                                                  "longer with many ranks: default 45 below "
+                                                                  f"{LARGE_WORLD} ranks (nodes x procs), NVRx's own "
+                                                                  "60 from there."),
+                        "hardTimeoutSeconds": _int(None, 1, 7200, "Progress watchdog hard timeout: a rank still "
+                                                                  "stuck is terminated (ft_launcher takes over). "
+                                                                  "Must be below resiliency.heartbeatTimeoutSeconds. "
+                                                                  f"Default 55 below {LARGE_WORLD} ranks, NVRx's "
+                                                                  "own 90 from there."),
                     },
                     default={},
                     description="The first layer: inprocess.Wrapper restarts the training loop in the same "

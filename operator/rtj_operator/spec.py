@@ -120,8 +120,22 @@ def prune(schema: dict[str, Any], value: Any) -> Any:
 
 
 def with_defaults(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec as kube-apiserver stores it: unknown fields pruned, then defaults applied."""
-    return apply_defaults(api.SPEC_SCHEMA, prune(api.SPEC_SCHEMA, copy.deepcopy(spec)))
+    """The spec as kube-apiserver stores it (unknown fields pruned, then defaults applied), and the
+    defaults that depend on other fields (the in-process timeouts, by world size)."""
+    spec = apply_defaults(api.SPEC_SCHEMA, prune(api.SPEC_SCHEMA, copy.deepcopy(spec)))
+    ipr = (spec.get("resiliency") or {}).get("inProcessRestart")
+    if not isinstance(ipr, dict):
+        return spec  # not a spec the schema takes: its errors say so
+    try:
+        gpus = int(spec.get("gpusPerNode") or 0)
+        ranks = int((spec.get("nodes") or {}).get("count") or 1) * (gpus if gpus > 0 else
+                                                                      int(spec.get("procsPerNode") or 1))
+    except (TypeError, ValueError):
+        ranks = 1
+    soft, hard = api.IN_PROCESS_TIMEOUTS[ranks >= api.LARGE_WORLD]
+    ipr.setdefault("softTimeoutSeconds", soft)
+    ipr.setdefault("hardTimeoutSeconds", hard)
+    return spec
 
 
 def _re2(pattern: str) -> str:

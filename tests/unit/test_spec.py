@@ -400,3 +400,16 @@ def test_user_env_must_keep_what_nvrx_in_process_restart_requires():
     off = rtj_body(env=[{"name": "NCCL_NVLS_ENABLE", "value": "1"}],
                    resiliency={"inProcessRestart": {"enabled": False}})
     assert semantic_errors(RTJ.from_body(off)) == []
+
+
+@pytest.mark.parametrize("spec, want", [
+    ({}, (45, 55)),  # 2 nodes x 8 GPUs
+    ({"nodes": {"count": 63}}, (45, 55)),  # 504 ranks
+    ({"nodes": {"count": 64}}, (60, 90)),  # 512 ranks: NVRx's own defaults
+    ({"nodes": {"count": 600}, "gpusPerNode": 0, "procsPerNode": 1}, (60, 90)),
+    ({"nodes": {"count": 64}, "resiliency": {"inProcessRestart": {"softTimeoutSeconds": 30}}}, (30, 90)),
+])
+def test_the_in_process_timeouts_default_by_world_size(spec, want):
+    """Issue 27.7: 45/55 s also covered process-group setup, which takes far longer at 512 ranks."""
+    ipr = RTJ.from_body(rtj_body(**spec)).spec["resiliency"]["inProcessRestart"]
+    assert (ipr["softTimeoutSeconds"], ipr["hardTimeoutSeconds"]) == want
