@@ -9,7 +9,8 @@ never from a rank's output:
 - 0: training finished for this job: the reference trainer's completion marker for this RTJ uid
   names the newest committed step (any other training command: this node's ranks all exited 0);
   a standby whose gang finished exits 0 too;
-- 64 CONFIG_ERROR: bad settings, or the training script/module does not exist;
+- 64 CONFIG_ERROR: bad settings, the training script/module does not exist, or the node's NVIDIA
+  driver or the image's NCCL does not fit (rtj_worker.requirements);
 - 65 PERMANENT_FAILURE: the script asked to stop for good (a rank left a 'permanent' marker);
 - 66 CRASH_LOOP: the ranks failed the same way twice in a row (RTJ_CRASH_LOOP_REPEATS) with no progress:
   the launcher was stopped before spending its restarts; the report carries the traceback's last lines;
@@ -57,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import exit_codes, progress, stop
+from . import exit_codes, progress, requirements, stop
 from .ckpt_index import finished, latest_step
 from .crashloop import CrashLoop
 from .launch import (
@@ -303,6 +304,8 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         child_env = launcher_env(cfg, env)
     except ConfigError as exc:
         return finish(exit_codes.CONFIG_ERROR, str(exc), env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"))
+    if lacking := requirements.check(env):  # the node's driver, the image's NCCL: before anything starts
+        return finish(exit_codes.CONFIG_ERROR, "; ".join(lacking), cfg.checkpoint_dir)
     log.info("waiting for %s to resolve", cfg.rdzv_host)
     resolved = wait_for_dns(cfg.rdzv_host, cfg.rdzv_timeout, cancel=shutdown.cancel)
     if shutdown.signum is not None:
