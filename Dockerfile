@@ -57,6 +57,9 @@ ARG PIP_VERSION
 ARG INSTALL_EFA=1
 ARG EFA_INSTALLER_VERSION=1.43.2
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
+# Recent installers put aws-ofi-nccl under lib/x86_64-linux-gnu/: linked into lib/, where the library path
+# and NCCL_TUNER_PLUGIN look, and the build fails if NCCL's net plugin is not there (NCCL would otherwise
+# fall back to TCP sockets without an error).
 RUN if [ "$INSTALL_EFA" = 1 ]; then \
         apt-get update \
      && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -64,9 +67,12 @@ RUN if [ "$INSTALL_EFA" = 1 ]; then \
      && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
         | tar xz -C /tmp \
      && cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify \
-     && rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*; \
+     && rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/* \
+     && if [ -d /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu ]; then \
+            ln -sf /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/*.so* /opt/amazon/ofi-nccl/lib/; fi \
+     && ls /opt/amazon/ofi-nccl/lib/libnccl-net*.so /opt/amazon/ofi-nccl/lib/libnccl-ofi-tuner.so; \
     else echo "INSTALL_EFA=$INSTALL_EFA: EFA installer skipped"; fi
-ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:${LD_LIBRARY_PATH} \
+ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH} \
     FI_PROVIDER=efa NCCL_SOCKET_IFNAME=^lo,docker
 COPY hack/images/python-venv.sh hack/images/pip.sh hack/images/requirements.py /opt/rtj-build/
 RUN --mount=type=secret,id=pip-ca sh /opt/rtj-build/python-venv.sh "$PYTHON" "$PIP_VERSION"
