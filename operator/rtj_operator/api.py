@@ -223,6 +223,15 @@ _LABEL_SELECTOR = _obj(
                                             _strings(LABEL_VALUE, 63), _VALUES_FOR_SET_OPERATORS), 32)},
     **{"x-kubernetes-map-type": "atomic"},
 )
+# networking/v1 NetworkPolicyPeer: pods, namespaces or an IP block that may reach the job's pods.
+_NETWORK_POLICY_PEER = _obj(
+    {"podSelector": {**_LABEL_SELECTOR, "description": "Pods (in the RTJ's namespace, or those namespaceSelector "
+                                                       "selects)."},
+     "namespaceSelector": {**_LABEL_SELECTOR, "description": "Namespaces (all their pods, or podSelector's)."},
+     "ipBlock": _obj({"cidr": _str("A CIDR, e.g. 10.0.0.0/16.", maxLength=64),
+                      "except": _strings(r"^[0-9a-fA-F.:/]+$", 64)}, required=["cidr"],
+                     description="An IP block (outside the cluster's pods).")},
+    description="A networking/v1 NetworkPolicyPeer.")
 _NODE_SELECTOR_TERM = _obj(
     {"matchExpressions": _list(_requirement(
         _LABEL_KEY_STR, ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"], _strings(LABEL_VALUE, 63),
@@ -496,6 +505,23 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             },
             default={},
             description="The coordinator pod, which hosts the gang's rendezvous and the ranks' stores.",
+        ),
+        "isolation": _obj(
+            {
+                "enabled": {"type": "boolean", "default": True,
+                            "description": "A NetworkPolicy (<name>) lets only the job's own pods reach its pods: "
+                                           "the rendezvous, the ranks' stores and the process groups answer "
+                                           "anyone who can connect (no authentication), so on a shared cluster a "
+                                           "neighbour could join a round or stall a collective. Enforced by the "
+                                           "cluster's network policy engine (the EKS VPC CNI's once enabled, "
+                                           "Calico, Cilium); without one it changes nothing. Off: no policy "
+                                           "(an existing one of this RTJ is deleted)."},
+                "allowFrom": {**_list(_NETWORK_POLICY_PEER, 16),
+                              "description": "Others that may reach the job's pods too (networking/v1 "
+                                             "NetworkPolicyPeer: a profiler, a metrics scraper)."},
+            },
+            default={},
+            description="Who may open connections to the job's pods.",
         ),
         "gpusPerNode": _int(8, 0, 16, "nvidia.com/gpu per node (8 on p5.48xlarge); also the number of "
                                        "ranks per node. 0 runs ranks on CPU with gloo."),

@@ -63,7 +63,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | R
         settings.watching.client_timeout = 330
         ours = f"{api.LABEL_MANAGED_BY}={api.MANAGER}"
         for resource in (("v1", "pods"), ("batch", "v1", "jobs"), ("v1", "services"),
-                         ("v1", "persistentvolumeclaims")):
+                         ("v1", "persistentvolumeclaims"), ("networking.k8s.io", "v1", "networkpolicies")):
             settings.watching.label_selectors[resource] = ours
         # start() returns at once (kopf serves the liveness endpoint only after this handler returns);
         # it fills the stores (one LIST per kind, retried) before any pass runs.
@@ -85,6 +85,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Callable[[], Runtime] | R
     kopf.on.event("v1", "pods", registry=registry)(feed("Pod"))
     kopf.on.event("v1", "services", registry=registry)(feed("Service"))
     kopf.on.event("v1", "persistentvolumeclaims", registry=registry)(feed("PersistentVolumeClaim"))
+    kopf.on.event("networking.k8s.io/v1", "networkpolicies", registry=registry)(feed("NetworkPolicy"))
     kopf.on.event("v1", "nodes", registry=registry)(feed("Node"))
 
     @kopf.on.cleanup(registry=registry)

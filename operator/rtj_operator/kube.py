@@ -27,6 +27,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Event": ("/api/v1", "events", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),  # leader election (leader.py)
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     # The Service's endpoints, which cluster DNS serves (read while a gang waits for its coordinator's name).
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     # Kueue's (optional: only read for an RTJ with a queue).

@@ -33,6 +33,7 @@ from .policies.children import (
     child_conflict,
     ensure_coordinator,
     ensure_job,
+    ensure_network_policy,
     ensure_pvc,
     ensure_service,
     rejected,
@@ -77,6 +78,7 @@ def reconcile(world: World, now: datetime.datetime | None = None, config: Config
             d.cond(CREATED, False, reason, "waiting for storage: " + message)
             return d.intent(requeue=IDLE_SECONDS)
     ensure_service(d)
+    ensure_network_policy(d)
     ensure_pvc(d)
     if template_rejected(d):
         return without_changes(d)

@@ -84,7 +84,7 @@ REQUEUE_JITTER = 0.2
 NODE_MISS_SECONDS = 30.0  # how long a GET that found no node is believed
 # Label selectors of the watches and LISTs: only the children the operator made reach it.
 OURS = {api.LABEL_MANAGED_BY: api.MANAGER}
-SELECTED = {"Job": OURS, "Service": OURS, "PersistentVolumeClaim": OURS, "Pod": OURS}
+SELECTED = {"Job": OURS, "Service": OURS, "PersistentVolumeClaim": OURS, "NetworkPolicy": OURS, "Pod": OURS}
 
 
 def failing(obj: dict[str, Any]) -> bool:

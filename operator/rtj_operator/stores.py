@@ -214,19 +214,21 @@ class Store:
 class Stores:
     """The stores of every kind a pass reads."""
 
-    KINDS = (api.KIND, "Job", "Service", "PersistentVolumeClaim", "Pod", "Node")
+    KINDS = (api.KIND, "Job", "Service", "PersistentVolumeClaim", "NetworkPolicy", "Pod", "Node")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.rtjs = Store(api.KIND, clock=clock)
         self.jobs = Store("Job", {"rtj": rtj_key}, clock=clock)
         self.services = Store("Service", {"rtj": rtj_key}, clock=clock)
         self.pvcs = Store("PersistentVolumeClaim", {"rtj": rtj_key}, clock=clock)
+        self.network_policies = Store("NetworkPolicy", {"rtj": rtj_key}, clock=clock)
         self.pods = Store("Pod", {"rtj": rtj_key, "node": node_of}, clock=clock, keep_departed=left_a_message)
         self.nodes = Store("Node", clock=clock)
 
     def of(self, kind: str) -> Store:
         return {api.KIND: self.rtjs, "Job": self.jobs, "Service": self.services,
-                "PersistentVolumeClaim": self.pvcs, "Pod": self.pods, "Node": self.nodes}[kind]
+                "PersistentVolumeClaim": self.pvcs, "NetworkPolicy": self.network_policies, "Pod": self.pods,
+                "Node": self.nodes}[kind]
 
     @property
     def synced(self) -> bool:

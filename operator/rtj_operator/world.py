@@ -14,7 +14,7 @@ import kopf
 
 from . import api, ladder
 from .actions import rejected
-from .builders import build_job, build_pvc, coordinator_name, job_name, pvc_name, service_name
+from .builders import build_job, build_pvc, coordinator_name, job_name, network_policy_name, pvc_name, service_name
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
 from .conditions import is_true
@@ -48,6 +48,7 @@ class World:
     pods: list[dict[str, Any]] = field(default_factory=list)
     nodes: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: the node is gone
     coordinator: dict[str, Any] | None = None  # the coordinator pod (builders/coordinator.py), if any
+    network_policy: dict[str, Any] | None = None  # the gang's (builders/network.py), if any
     # Answers from outside, asked for before the pass decides (probe()): (ok, reason, message) of the
     # storage check, when it ran; (accepted, message) of a server-side dry run of a changed Job.
     storage: tuple[bool, str, str] | None = None
@@ -80,7 +81,8 @@ class World:
     def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, job: dict[str, Any] | None,
                  pvc: dict[str, Any] | None, pods: list[dict[str, Any]],
                  node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None,
-                 departed: Iterable[dict[str, Any]] = (), rtj: RTJ | None = None) -> World:
+                 departed: Iterable[dict[str, Any]] = (), rtj: RTJ | None = None,
+                 network_policy: dict[str, Any] | None = None) -> World:
         """`rtj`: rtj_body parsed, if the caller has it."""
         rtj = rtj or RTJ.from_body(rtj_body)
         job_uid = (job or {}).get("metadata", {}).get("uid")
@@ -91,8 +93,10 @@ class World:
                        - {None, ""})
         if build_pvc(rtj) is None:
             pvc = None  # an existing claim is the user's: not read, not checked
-        return cls(clone(rtj_body), clone(service), clone(job), clone(pvc),
-                   clone(mine), {n: clone(node(n)) for n in names}, clone(coordinator),
+        if network_policy is not None and not owned_by(network_policy, rtj.uid):
+            network_policy = None  # labelled like ours, made by someone else: never patched or deleted
+        return cls(clone(rtj_body), clone(service), clone(job), clone(pvc), network_policy=clone(network_policy),
+                   pods=clone(mine), nodes={n: clone(node(n)) for n in names}, coordinator=clone(coordinator),
                    departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
 
     @classmethod
@@ -104,7 +108,7 @@ class World:
         return cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
                             stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
                             stores.pods.get(ns, coordinator_name(rtj)), stores.pods.departed("rtj", (ns, rtj.name)),
-                            rtj)
+                            rtj, stores.network_policies.get(ns, network_policy_name(rtj)))
 
     def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
               cloud_fencing: CloudFencing | None = None,
@@ -148,7 +152,8 @@ class World:
         job = kube.get("Job", job_name(rtj), ns)
         pods = kube.list("Pod", ns, selector_labels(rtj)) if job is not None else []
         return cls.assemble(rtj_body, kube.get("Service", service_name(rtj), ns), job, pvc, pods,
-                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns), rtj=rtj)
+                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns), rtj=rtj,
+                            network_policy=kube.get("NetworkPolicy", network_policy_name(rtj), ns))
 
 
 def dry_run_template(kube: Kube, job: dict[str, Any]) -> tuple[bool, str]:

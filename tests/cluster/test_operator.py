@@ -24,7 +24,7 @@ def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, 
                      kube.get("Pod", "train-rdzv", ns))
     uid = rtj.body()["metadata"]["uid"]
     for kind, name in (("Service", "train"), ("Job", "train"), ("PersistentVolumeClaim", "train-ckpt"),
-                       ("Pod", "train-rdzv")):
+                       ("Pod", "train-rdzv"), ("NetworkPolicy", "train")):
         obj = kube.get(kind, name, ns)
         assert obj is not None, kind
         refs = obj["metadata"]["ownerReferences"]
@@ -42,7 +42,12 @@ def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, 
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
     assert sorted(p["spec"]["hostname"] for p in pods) == ["train-0", "train-1"]
     reasons = rtj.reasons()
-    assert reasons.count("Created") == 4 and "Running" in reasons  # the coordinator pod is the fourth child
+    # Service, NetworkPolicy, PVC, coordinator pod and Job.
+    assert reasons.count("Created") == 5 and "Running" in reasons
+    # Only the job's own pods may reach them (the API server takes the policy as built; no engine runs here).
+    policy = kube.get("NetworkPolicy", "train", ns)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {api.LABEL_NAME: "train"}}
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {api.LABEL_NAME: "train"}}}]}]
     # kopf keeps no copy of the spec in an annotation (it would grow with the spec, up to 256 KiB).
     assert not any("last-handled-configuration" in k for k in rtj.body()["metadata"].get("annotations") or {})
 

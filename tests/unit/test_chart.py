@@ -121,11 +121,13 @@ def deleted_kinds() -> set[str]:
 
 
 def test_the_operator_may_delete_only_what_its_code_deletes():
-    """The operator deletes Jobs (a gang restart) and Pods (fencing, the coordinator), never a Service or a
-    PVC (the garbage collector removes those with the RTJ): the chart grants delete on exactly those."""
-    assert deleted_kinds() == {"Job", "Pod"}
+    """The operator deletes Jobs (a gang restart), Pods (fencing, the coordinator) and its NetworkPolicy
+    (spec.isolation turned off), never a Service or a PVC (the garbage collector removes those with the
+    RTJ): the chart grants delete on exactly those."""
+    assert deleted_kinds() == {"Job", "Pod", "NetworkPolicy"}
     for values in (VALUE_SETS["default"], VALUE_SETS["everything"]):
-        assert {r for r, verbs in operator_grants(*values).items() if "delete" in verbs} == {"batch/jobs", "pods"}
+        assert {r for r, verbs in operator_grants(*values).items() if "delete" in verbs} == {
+            "batch/jobs", "pods", "networking.k8s.io/networkpolicies"}
 
 
 def test_the_operator_may_set_block_owner_deletion_on_its_children():

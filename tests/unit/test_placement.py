@@ -544,8 +544,8 @@ def test_a_queued_job_gets_its_coordinator_only_once_kueue_admitted_it():
     w = W(children=False, queueName="team-a")
     w.body["status"] = {}
     first = w.run()
-    assert [(a.verb, a.kind) for a in first.actions] == [("create", "Service"), ("create", "PersistentVolumeClaim"),
-                                                         ("create", "Job")]
+    assert [(a.verb, a.kind) for a in first.actions] == [("create", "Service"), ("create", "NetworkPolicy"),
+                                                         ("create", "PersistentVolumeClaim"), ("create", "Job")]
     w = queued_world(suspended=False)
     w.world.coordinator = None
     w.world.workload = workload(admitted=True)

@@ -15,7 +15,7 @@ import pytest
 
 from rtj_operator import api, ladder
 from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
-from rtj_operator.builders import build_coordinator, build_job, build_pvc, build_service
+from rtj_operator.builders import build_coordinator, build_job, build_network_policy, build_pvc, build_service
 from rtj_operator.builders.job import template_hash
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ, schema_errors
@@ -68,6 +68,8 @@ class W:
         self.world = World(self.body)
         if children:
             self.world.service = owned(build_service(rtj), self.body, "svc-uid")
+            policy = build_network_policy(rtj)
+            self.world.network_policy = owned(policy, self.body, "netpol-uid") if policy else None
             self.world.pvc = build_pvc(rtj)
             self.world.pvc["metadata"]["uid"] = "pvc-uid"
             self.job(1)
@@ -113,14 +115,37 @@ def reasons(intent) -> list[str]:
 # --- children ------------------------------------------------------------------------------------
 def test_a_new_rtj_creates_its_children_in_order_owned_by_it():
     intent = W(children=False).run()
-    assert verbs(intent) == [(CREATE, "Service"), (CREATE, "PersistentVolumeClaim"), (CREATE, "Pod"), (CREATE, "Job")]
-    service, pvc, coordinator, job = (a.body for a in intent.actions)
+    assert verbs(intent) == [(CREATE, "Service"), (CREATE, "NetworkPolicy"), (CREATE, "PersistentVolumeClaim"),
+                             (CREATE, "Pod"), (CREATE, "Job")]
+    service, policy, pvc, coordinator, job = (a.body for a in intent.actions)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {api.LABEL_NAME: "train"}}
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-train"
     assert coordinator["metadata"]["name"] == "train-rdzv" and coordinator["spec"]["hostname"] == "train-rdzv"
     assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["ownerReferences"][0]["uid"] \
         == "uid-train"
     assert "ownerReferences" not in pvc["metadata"]  # retention Retain: the claim outlives the job
-    assert all(a.gates for a in intent.actions)
+    # The gang runs without its NetworkPolicy where none can be made (it is no gate: a refusal is said).
+    assert [a.kind for a in intent.actions if not a.gates] == ["NetworkPolicy"]
     assert intent.status.phase == "Pending" and intent.requeue.waiting
+
+
+def test_the_gangs_network_policy_follows_spec_isolation_and_only_ours_is_touched():
+    """Issue 30: only the job's own pods may reach its rendezvous and stores (a TCPStore has no
+    authentication); allowFrom adds peers; off deletes it, by uid; another's of that name is left alone."""
+    peer = {"namespaceSelector": {"matchLabels": {"team": "observability"}}}
+    w = W(isolation={"allowFrom": [peer]})
+    w.world.network_policy = W().world.network_policy  # made before allowFrom was added: it drifted
+    (patch,) = w.run().actions
+    assert (patch.verb, patch.kind) == (PATCH, "NetworkPolicy")
+    assert patch.body["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {api.LABEL_NAME: "train"}}},
+                                                       peer]}]
+    off = W(isolation={"enabled": False})
+    off.world.network_policy = W().world.network_policy
+    (delete,) = off.run().actions
+    assert (delete.verb, delete.kind, delete.uid) == (DELETE, "NetworkPolicy", "netpol-uid")
+    theirs = W(isolation={"enabled": False})
+    theirs.world.network_policy = None  # World.assemble drops one owned by another
+    assert theirs.run().actions == []
 
 
 def test_a_converged_world_yields_nothing_to_do():

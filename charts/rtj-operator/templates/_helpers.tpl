@@ -101,6 +101,12 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create"]
+# The gang's NetworkPolicy (spec.isolation), a child of the RTJ, watched by its labels: only the job's own
+# pods may reach its rendezvous and stores. patch: its spec drifted or spec.isolation.allowFrom changed;
+# delete: the user turned spec.isolation off (only the RTJ's own, by uid).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The gang's Service's endpoints, listed (by the Service's name label) only while a new gang's pods wait
 # for their coordinator: a worker resolves the coordinator's name first, and cluster DNS serves it from
 # these, published a while after the coordinator has an address. Without the grant, the pods wait for

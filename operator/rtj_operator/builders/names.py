@@ -14,6 +14,10 @@ def job_name(rtj: RTJ) -> str:
     return rtj.name
 
 
+def network_policy_name(rtj: RTJ) -> str:
+    return rtj.name
+
+
 def pvc_name(rtj: RTJ) -> str:
     """The PVC the pods mount: the user's, or the one the operator creates."""
     return rtj.spec["storage"].get("existingClaim") or f"{rtj.name}-ckpt"

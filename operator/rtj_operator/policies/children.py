@@ -1,4 +1,5 @@
-"""The RTJ's children: the Service, the PVC, the Job (one per gang attempt) and the coordinator pod.
+"""The RTJ's children: the Service, the PVC, the NetworkPolicy, the Job (one per gang attempt) and the
+coordinator pod.
 Created, patched and deleted to converge on what status says (status.attempt: the gang that runs now)."""
 
 from __future__ import annotations
@@ -9,7 +10,17 @@ import kopf
 
 from .. import api
 from ..actions import CREATE, DELETE, PATCH, Action
-from ..builders import build_coordinator, build_job, build_pvc, build_service, job_name, pvc_name, service_name
+from ..builders import (
+    build_coordinator,
+    build_job,
+    build_network_policy,
+    build_pvc,
+    build_service,
+    job_name,
+    network_policy_name,
+    pvc_name,
+    service_name,
+)
 from ..builders.job import PER_INDEX_LIMIT, template_hash
 from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
@@ -43,11 +54,12 @@ def retained_by_us(pvc: dict[str, Any], rtj: RTJ) -> bool:
             and labels.get(api.LABEL_NAME) == rtj.name)
 
 
-def _create(d: Draft, obj: dict[str, Any], adopt: bool = True, retained: dict[str, str] | None = None) -> None:
+def _create(d: Draft, obj: dict[str, Any], adopt: bool = True, retained: dict[str, str] | None = None,
+            gates: bool = True) -> None:
     if adopt:
         kopf.adopt(obj, owner=d.rtj.owner)
     meta = obj["metadata"]
-    d.do(Action(CREATE, obj["kind"], meta["name"], meta["namespace"], obj, gates=True, owner_uid=d.rtj.uid,
+    d.do(Action(CREATE, obj["kind"], meta["name"], meta["namespace"], obj, gates=gates, owner_uid=d.rtj.uid,
                 retained_labels=retained or {},
                 event=("Normal", "Created", f"Created {obj['kind']} {meta['name']}")))
 
@@ -61,6 +73,26 @@ def ensure_service(d: Draft) -> None:
     if drift:
         d.do(Action(PATCH, "Service", service_name(d.rtj), d.rtj.namespace, {"spec": drift}, gates=True,
                     event=("Normal", "Updated", f"Updated Service {service_name(d.rtj)}: {', '.join(sorted(drift))}")))
+
+
+def ensure_network_policy(d: Draft) -> None:
+    """The gang's NetworkPolicy (builders/network.py): created, its spec kept as built, deleted when the
+    user turns spec.isolation off. Only ours is ever patched or deleted (World.assemble drops one that
+    is labelled like ours but owned by another)."""
+    desired, have, name = build_network_policy(d.rtj), d.world.network_policy, network_policy_name(d.rtj)
+    if desired is None:
+        if have is not None and not have["metadata"].get("deletionTimestamp"):
+            d.do(Action(DELETE, "NetworkPolicy", name, d.rtj.namespace, uid=have["metadata"].get("uid", ""),
+                        event=("Normal", "Deleted", f"Deleted NetworkPolicy {name}: spec.isolation.enabled is "
+                                                    "false")))
+        return
+    # Not a gate: the gang runs without it (a refusal is reported: ReconcileError), as it would where no
+    # network policy engine runs.
+    if have is None:
+        _create(d, desired, gates=False)
+    elif have.get("spec") != desired["spec"]:
+        d.do(Action(PATCH, "NetworkPolicy", name, d.rtj.namespace, {"spec": desired["spec"]},
+                    event=("Normal", "Updated", f"Updated NetworkPolicy {name}: spec.isolation")))
 
 
 def ensure_pvc(d: Draft) -> None:
