@@ -300,17 +300,24 @@ class NodeRegistration:
         }}, content_type="application/strategic-merge-patch+json")
 
     def renew_lease(self) -> None:
+        """Renew the node's Lease, or create it, as the kubelet's lease controller does: also when the
+        garbage collector removed it (it is owned by the Node, and a Node deleted and registered again
+        has a new uid), between a read and the renewal (CI: a restarted agent's renewal got 404)."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
         spec = {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": _micro_now()}
-        if self.cluster.api("GET", path, missing_ok=True) is None:
-            node = self.cluster.api("GET", f"/api/v1/nodes/{self.name}")
+        if self.cluster.api("PATCH", path, {"spec": spec}, content_type="application/merge-patch+json",
+                            missing_ok=True) is not None:
+            return
+        node = self.cluster.api("GET", f"/api/v1/nodes/{self.name}")
+        try:
             self.cluster.api("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "ownerReferences": [{
                     "apiVersion": "v1", "kind": "Node", "name": self.name, "uid": node["metadata"]["uid"]}]},
                 "spec": spec})
-        else:
-            self.cluster.api("PATCH", path, {"spec": spec}, content_type="application/merge-patch+json")
+        except RuntimeError as exc:
+            if "HTTP 409" not in str(exc):  # made meanwhile (the agent's other thread): renewed next time
+                raise
 
 
 # --- one pod's processes -----------------------------------------------------------------------------
