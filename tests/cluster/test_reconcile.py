@@ -47,7 +47,8 @@ def test_first_pass_writes_status_once_then_events(cluster, kube, ns, operator_t
     writes = [c for c in calls if c[0] in WRITES]
     assert writes.count(("patch/status", api.KIND)) == 1
     status_at = writes.index(("patch/status", api.KIND))
-    assert writes[:status_at] == [("create", "Service"), ("create", "PersistentVolumeClaim"), ("create", "Pod"),
+    assert writes[:status_at] == [("create", "Service"), ("create", "NetworkPolicy"),
+                                  ("create", "PersistentVolumeClaim"), ("create", "Pod"),
                                   ("create", "Job")]  # the Pod: the gang's coordinator
     assert set(writes[status_at + 1:]) == {("create", "Event")}
 
