@@ -129,11 +129,24 @@ class StopRequest:
         # a stopping rank into an in-process restart instead of out (CI: the rank ended 30 s later, 1,
         # not 143). The exit is in `finally`, which no such exception skips; the interpreter checks for
         # them after a call returns, and os._exit does not return.
+        # The event is written again if such an exception lands in its write (CI: a rank exited 143
+        # with no `stopped` event); the exit is in the innermost `finally`, whatever lands where.
         try:
             log.warning("exiting (%d): %s", code, why)
-            events.emit("stopped", code=code, why=why)
         finally:
-            os._exit(code)
+            try:
+                self._emit_stopped(code, why)
+            finally:
+                os._exit(code)
+
+    @staticmethod
+    def _emit_stopped(code: int, why: str) -> None:
+        for _ in range(3):
+            try:
+                events.emit("stopped", code=code, why=why)
+                return
+            except BaseException:  # an asynchronous exception landed: the write is tried again
+                continue
 
     # The training loop's side (main thread).
     def enter_training(self) -> None:
