@@ -898,21 +898,6 @@ def test_the_coordinator_runs_nvrx_control_as_the_launchers_rendezvous():
                     "--rdzv-conf=join_timeout=600", "--ft-enable-log-server=false"]
 
 
-@pytest.mark.nvrx041
-def test_a_coordinator_stopped_by_sigterm_exits_143_not_0(tmp_path):
-    """Issue 29.4: a drained or deleted coordinator exited 0, and a Succeeded coordinator is the operator's
-    sign of a finished gang: its loss was charged to the job once the workers lost their store."""
-    coordinator = _coordinator(tmp_path, "2:2", free_port())
-    try:
-        wait_until(lambda: "serving the rendezvous" in (tmp_path / "coordinator.log").read_text(), 60,
-                   what="the coordinator serving")
-        time.sleep(1)  # nvrx-control (NVRx 0.6) has installed its own handlers
-        coordinator.send_signal(signal.SIGTERM)
-        assert coordinator.wait(30) == exit_codes.SIGTERM, (tmp_path / "coordinator.log").read_text()[-2000:]
-    finally:
-        coordinator.kill()
-
-
 def test_a_coordinator_whose_nvrx_control_raised_exits_as_failed(monkeypatch):
     """Issue 27.6: it exited 0, and the operator ignores a Succeeded coordinator until the workers lose
     their store; now it ends at once with a code of its own, which the operator restarts the gang for."""

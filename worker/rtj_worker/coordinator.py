@@ -9,8 +9,7 @@ needs no host, its launchers close the rounds on the store themselves.
 The stores are multi-tenant masters made here first, so nvrx-control's own store on P shares this
 process's server, and all of them outlive its loop: a spare that polls as the gang finishes still
 finds the shutdown key (0.6.0's nvrx-control drops its store the moment it sees it). Exits 0 once the
-rendezvous is over (the gang finished or gave up) and its grace has passed; 128 + signal on SIGTERM
-or SIGINT (a drain, a deletion: a stopped pod, which the operator reads as CoordinatorLost); 77
+rendezvous is over (the gang finished or gave up) and its grace has passed, or on SIGTERM; 77
 (RENDEZVOUS_CONTROL_FAILED) at once if nvrx-control raised: the operator, which ignores a Succeeded
 coordinator (its gang's workers say why it ended), then sees the rendezvous fail and starts a new gang
 instead of waiting for the workers to lose their store.
@@ -25,7 +24,6 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from typing import Any
 
 from . import exit_codes
 from .launch import nvrx_version
@@ -50,28 +48,6 @@ def control_args(env: Mapping[str, str], port: int) -> list[str]:
             "--ft-enable-log-server=false"]
 
 
-class SignalsSeen:
-    """`signal` as nvrx-control sees it (its module's name for it, replaced for the run): the SIGTERM and
-    SIGINT handlers it installs also note the signal here, so that a coordinator stopped by a drain or a
-    deletion exits as a stopped pod does (128 + signal), not 0, which the operator reads as a gang that
-    finished (a Succeeded coordinator is ignored, and nobody looked until the workers lost their store)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(signal, name)
-
-    def signal(self, signum: int, handler: Any) -> Any:
-        if callable(handler) and signum in (signal.SIGTERM, signal.SIGINT):
-            def noting(number: int, frame: Any, inner: Any = handler) -> Any:
-                self.signum = number
-                return inner(number, frame)
-
-            return signal.signal(signum, noting)
-        return signal.signal(signum, handler)
-
-
 def main(env: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rtj-coordinator %(levelname)s %(message)s")
     env = dict(os.environ if env is None else env)
@@ -81,11 +57,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
         return exit_codes.CONFIG_ERROR
     port = int(env["RTJ_RDZV_PORT"])
     stop = threading.Event()
-    seen = SignalsSeen()
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
-        seen.signum = signum
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,23 +70,18 @@ def main(env: Mapping[str, str] | None = None) -> int:
     if nvrx_version() >= (0, 6):
         from nvidia_resiliency_ext.fault_tolerance import control_plane
 
-        # It installs its own SIGTERM handler (its loop ends at once) and restores ours after: seen notes it.
-        named, control_plane.signal = control_plane.signal, seen
+        # It installs its own SIGTERM handler (its loop ends at once) and restores ours after.
         try:
-            if not stop.is_set():  # a signal before its handlers are in: ours has it
-                control_plane.run(control_plane.parse_args(control_args(env, port)))
+            control_plane.run(control_plane.parse_args(control_args(env, port)))
         except Exception as exc:  # its loop ended badly: this gang's rendezvous is over
             log.exception("nvrx-control ended with an error: %s", exc)
             return exit_codes.RENDEZVOUS_CONTROL_FAILED
-        finally:
-            control_plane.signal = named
-        if seen.signum is None:
-            log.info("the rendezvous is over; the stores stay up %.0f s", LINGER_SECONDS)
-            stop.wait(LINGER_SECONDS)
+        log.info("the rendezvous is over; the stores stay up %.0f s", LINGER_SECONDS)
+        stop.wait(LINGER_SECONDS)
     else:
         stop.wait()  # 0.4.1: the launchers run their rendezvous on the store themselves
     del held
-    return 128 + seen.signum if seen.signum is not None else exit_codes.OK
+    return exit_codes.OK
 
 
 if __name__ == "__main__":
