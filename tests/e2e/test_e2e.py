@@ -530,7 +530,8 @@ def test_a_suspend_during_a_slow_save_commits_it_and_resumes_from_it(run: Run) -
     run.wait_step(first + 2 * INTERVAL)  # the next save is being written (a save is due every 10 steps)
     before = counters(run.job.status())
     codes = run.suspend(stop_timeout=120)
-    assert codes <= {exit_codes.SIGTERM}, codes
+    # A pod the Job controller removed before its end was reported shows none (CI run 4, under load).
+    assert codes - {None} <= {exit_codes.SIGTERM}, codes
     saved = newest_checkpoint(run)
     assert saved > first, (saved, first, run.story())  # the save in flight when the stop came, committed
     suspended_at = time.time()
