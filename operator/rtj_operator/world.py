@@ -20,7 +20,7 @@ from .builders.names import selector_labels
 from .conditions import is_true
 from .copies import clone
 from .kube import Kube, KubeError
-from .policies.pods import coordinator_attempt, gated
+from .policies.pods import addressed_coordinator, gated
 from .spec import RTJ
 from .stores import Stores
 
@@ -180,11 +180,9 @@ def read_published(kube: Kube, world: World, rtj: RTJ) -> bool | None:
     backs off (1 s, 2 s, 4 s, ...) whenever its cache lags its writes, as on a busy control plane; a worker
     released meanwhile spends its rendezvous timeout waiting for DNS. None: not read (not waiting), or
     not readable (RBAC): the gate then goes by the address alone."""
-    coordinator = world.coordinator
     attempt = int((world.rtj.get("status") or {}).get("attempt") or 1)
-    if (world.job is None or coordinator is None or coordinator["metadata"].get("deletionTimestamp")
-            or not (coordinator.get("status") or {}).get("podIP") or coordinator_attempt(coordinator) != attempt
-            or not any(gated(p) for p in world.pods)):
+    coordinator = addressed_coordinator(world.coordinator, attempt)
+    if world.job is None or coordinator is None or not any(gated(p) for p in world.pods):
         return None
     try:
         slices = kube.list("EndpointSlice", rtj.namespace, {SERVICE_NAME_LABEL: service_name(rtj)})

@@ -14,7 +14,7 @@ from ..conditions import parse_time, timestamp
 from ..draft import Draft
 from ..status import node_set
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
-from .pods import bound_since, coordinator_attempt, gated, on_node, running_ready
+from .pods import addressed_coordinator, bound_since, coordinator_attempt, gated, on_node, running_ready
 
 # Node exclusions (restartBudget.nodeExclusionSeconds): at most this many at once (the oldest go first),
 # and a node is excluded once this many failures charged to the job happened on it.
@@ -228,8 +228,7 @@ def awaiting_coordinator(d: Draft) -> tuple[bool, float | None]:
     coordinator = d.world.coordinator
     if coordinator is not None and coordinator_attempt(coordinator) != d.status.attempt:
         coordinator = None  # an older gang's: it says nothing of this one
-    addressed = (coordinator is not None and not coordinator["metadata"].get("deletionTimestamp")
-                 and (coordinator.get("status") or {}).get("podIP"))
+    addressed = addressed_coordinator(coordinator, d.status.attempt) is not None
     if addressed and d.world.coordinator_published is not False:
         return False, None
     if coordinator_unschedulable(d):

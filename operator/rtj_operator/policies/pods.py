@@ -60,6 +60,14 @@ def bound_since(pod: dict[str, Any] | None) -> str | None:
     return cond.get("lastTransitionTime") if cond and cond.get("status") == "True" else None
 
 
+def addressed_coordinator(coordinator: dict[str, Any] | None, attempt: int) -> dict[str, Any] | None:
+    """The coordinator if it is the one of gang `attempt`, not going away, and has an address."""
+    if (coordinator is None or coordinator_attempt(coordinator) != attempt
+            or coordinator["metadata"].get("deletionTimestamp") or not (coordinator.get("status") or {}).get("podIP")):
+        return None
+    return coordinator
+
+
 def gated(pod: dict[str, Any]) -> bool:
     """Whether a pod (not going away) is held by the operator's scheduling gate."""
     return not pod["metadata"].get("deletionTimestamp") and any(
