@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rtj_worker import progress as worker_progress
+
 GROUP = "training.rtj.dev"
 VERSION = "v1alpha1"
 KIND = "ResilientTrainingJob"
@@ -86,6 +88,10 @@ def _obj(props: dict[str, Any], required: list[str] | None = None, **extra: Any)
 # instead of 45/55 s: their watchdog also covers process-group setup, which takes far longer at that scale.
 LARGE_WORLD = 512
 IN_PROCESS_TIMEOUTS = {False: (45, 55), True: (60, 90)}  # by world >= LARGE_WORLD: (soft, hard)
+# checkpoint.memoryCopies.maxBytesPerNode's default: the worker's own, so that the pods of a default spec
+# carry no variable for it. Where a restored step's state came from, fastest first.
+STATE_COPIES_BYTES_PER_NODE = f"{worker_progress.DEFAULT_COPIES_BYTES_PER_NODE >> 30}Gi"
+STATE_SOURCES = worker_progress.SOURCES
 
 
 def _int(default: int | None = None, minimum: int | None = None, maximum: int | None = None,
@@ -666,6 +672,24 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                          "async_save: staged to host memory, written in the background; "
                                          "off: written in the training loop)."},
                 "keep": _int(3, 1, 1000, "Complete checkpoints to keep."),
+                "memoryCopies": _obj(
+                    {"enabled": {"type": "boolean", "default": True,
+                                 "description": "Keep each rank's part of the newest committed step off the "
+                                                "volume: in the rank's memory (an in-process restart restores "
+                                                "from it), in the node's /dev/shm (an ft_launcher respawn does) "
+                                                "and in the next node's /dev/shm (a spare or a replaced pod "
+                                                "fetches it from there), each with a checksum checked before "
+                                                "it loads; the volume stays the durable copy and the fallback. "
+                                                "Needs the reference trainer (rtj_worker.train)."},
+                     "maxBytesPerNode": _str("Host memory the ranks of a node may hold for their copies in "
+                                             "process (two per rank at most: the committed step's and the one "
+                                             "being saved); a step that does not fit is not copied, and "
+                                             "status.progress.stateCopies.skipped says so. The /dev/shm copies "
+                                             "(this node's and its peer's, about twice a node's share of the "
+                                             "state) must fit in shmSize.", pattern=_QUANTITY,
+                                             default=STATE_COPIES_BYTES_PER_NODE)},
+                    default={},
+                    description="Copies of committed state that let a recovery skip reading the volume."),
             },
             default={},
             description="How often and where the ranks save checkpoints, and how many are kept.",
@@ -797,7 +821,11 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
              "stepsRolledBack": {"type": "integer", "description": "Steps trained again: the step reached minus "
                                                                    "the checkpoint step resumed from."},
              "time": _str("When the fault happened.", format="date-time"),
-             "pod": _str("The pod whose rank caused it (in-pod tiers).")},
+             "pod": _str("The pod whose rank caused it (in-pod tiers)."),
+             "restoredFrom": _str("Where the resumed step's state came from (its slowest rank's): memory (the "
+                                  "rank's own), node (the node's /dev/shm), peer (the next node's /dev/shm) or "
+                                  "volume (the checkpoint volume).", enum=list(STATE_SOURCES)),
+             "restoreSeconds": {"type": "number", "description": "How long that restore took (its slowest rank)."}},
             description="The newest recovery of any tier."),
         "progress": _obj(
             {"step": {"type": "integer", "description": "The training step, from the newest pod report."},
@@ -810,6 +838,15 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
              "checkpointWriteSeconds": {"type": "number", "description": "How long that checkpoint took to write, "
                                         "from the save's start to its commit (its slowest pod's): what a stop "
                                         "must fit in terminationGracePeriodSeconds (event StopGraceTooShort)."},
+             "stateCopies": _obj(
+                 {"memoryBytesPerRank": {"type": "integer", "description": "A rank's copies in its own memory."},
+                  "nodeBytesPerRank": {"type": "integer", "description": "A rank's copy in its node's /dev/shm."},
+                  "peerBytesPerRank": {"type": "integer", "description": "The copy a rank's node holds for a "
+                                                                          "rank of the previous node."},
+                  "skipped": _str("Why the newest copy of some rank was not made (it did not fit, or the state "
+                                  "holds what cannot be copied); empty when every copy was.")},
+                 description="What the ranks hold off the volume (checkpoint.memoryCopies), from the newest "
+                             "report: multiply by the ranks per node for a node's memory."),
              "reportingPods": {"type": "integer", "description": "Pods of the current Job with a report."},
              "trainingPods": {"type": "integer", "description": "Of those, pods whose ranks are training (the "
                                                                 "others wait: a rendezvous, a hot spare, a recovery)."},

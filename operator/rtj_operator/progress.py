@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ladder
+from . import api, ladder
 from .conditions import parse_time, timestamp
 from .status import Status
 
@@ -63,6 +63,9 @@ class Report:
     restarts: dict[str, int] = field(default_factory=dict)
     causes: dict[str, int] = field(default_factory=dict)
     last: dict[str, Any] | None = None
+    restored_from: str | None = None  # where its current run's state came from (api.STATE_SOURCES)
+    restore_seconds: float | None = None
+    copies: dict[str, Any] | None = None  # what a rank of it holds off the volume (status.progress.stateCopies)
 
 
 def _int(value: Any) -> int | None:
@@ -99,7 +102,7 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
                 "cause": _word(last.get("cause")) or "Unknown",
                 "detail": last.get("detail")[:200] if isinstance(last.get("detail"), str) else "",
                 "at": _num(last.get("at")), "seconds": _num(last.get("seconds")),
-                "rolledBack": _int(last.get("rolledBack"))}
+                "rolledBack": _int(last.get("rolledBack")), **_restore(last)}
         if last["tier"] is None or last["at"] is None:
             last = None
     return Report(
@@ -109,7 +112,27 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
         ckpt_seconds=_num(data.get("ckptSeconds")),
         leader=data.get("leader") is True, resumed=_int(data.get("resumed")), run_since=_num(data.get("runSince")),
         in_loop_seconds=_num(data.get("inLoopSeconds")) or 0.0,
-        restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last)
+        restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last,
+        restored_from=_restore(data).get("restoredFrom"), restore_seconds=_restore(data).get("restoreSeconds"),
+        copies=_copies(data.get("copies")))
+
+
+def _restore(data: dict[str, Any]) -> dict[str, Any]:
+    """restoredFrom and restoreSeconds of a report (or its last recovery), where valid."""
+    source = data.get("restoredFrom")
+    if source not in api.STATE_SOURCES:
+        return {}
+    return {"restoredFrom": source, "restoreSeconds": _num(data.get("restoreSeconds"))}
+
+
+def _copies(data: Any) -> dict[str, Any] | None:
+    """A report's copies (rtj_worker.progress: one rank's figures) as status.progress.stateCopies."""
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, Any] = {key: _int(data.get(theirs)) for key, theirs in (
+        ("memoryBytesPerRank", "memoryBytes"), ("nodeBytesPerRank", "nodeBytes"), ("peerBytesPerRank", "peerBytes"))}
+    out["skipped"] = data["skipped"][:200] if isinstance(data.get("skipped"), str) else ""
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def pod_report(pod: dict[str, Any]) -> Report | None:
@@ -198,6 +221,8 @@ def fold(status: Status, found: list[Report], listed: set[str], now: datetime.da
         last, when = newest_last.last, _time(newest_last.last["at"])
         if note_recovery(status, {"tier": last["tier"], "reason": last["cause"], "message": last["detail"],
                                   "seconds": last["seconds"], "stepsRolledBack": last["rolledBack"], "time": when,
+                                  "restoredFrom": last.get("restoredFrom"),
+                                  "restoreSeconds": last.get("restoreSeconds"),
                                   "pod": newest_last.pod}):
             out.changed = True
 
@@ -244,6 +269,9 @@ def update_progress(status: Status, found: list[Report], now: datetime.datetime,
     writes = [r.ckpt_seconds for r in found if r.ckpt_seconds is not None and r.ckpt == status.last_checkpoint_step]
     if writes:
         progress["checkpointWriteSeconds"] = round(max(writes), 1)
+    copies = [r for r in found if r.copies]
+    if copies:  # the newest report's: every rank holds about as much (FSDP shards evenly)
+        progress["stateCopies"] = max(copies, key=lambda r: r.at).copies
     progress["checkpointStep"] = status.last_checkpoint_step
     progress["checkpointTime"] = status.last_checkpoint_time
     progress["checkpointAgeSeconds"] = round((now - ckpt_time).total_seconds(), 1) if ckpt_time else None
@@ -303,6 +331,9 @@ def in_job_events(status: Status, found: list[Report], now: datetime.datetime) -
         if last is not None:
             recovered = f"recovered in {last['seconds']:.1f}s" if last["seconds"] is not None else "recovering"
             rolled = f", {last['rolledBack']} steps rolled back" if last["rolledBack"] is not None else ""
+            if last.get("restoredFrom"):
+                rolled += f", state from {last['restoredFrom']}" + (
+                    f" in {last['restoreSeconds']:.1f}s" if last.get("restoreSeconds") is not None else "")
             pod = next((r.pod for r in found if r.last is last), "")
             message += f"; last: {last['cause']} on pod {pod}, {recovered}{rolled}: {last['detail']}"
         out.append((IN_JOB_EVENT[tier], message))
@@ -321,3 +352,10 @@ def rolled_back(status: Status, found: list[Report]) -> None:
     if before is not None and resumed:
         last["stepsRolledBack"] = max(0, before - min(resumed))
         status.recovery.step_at_fault = None
+        since = when.timestamp() if when is not None else 0.0
+        restored = [r for r in found if r.restored_from and r.state == "Training" and (r.run_since or 0) >= since]
+        if restored:  # the slowest pod's source: a restore is all ranks from memory or none
+            slowest = max(restored, key=lambda r: api.STATE_SOURCES.index(r.restored_from or "volume"))
+            last["restoredFrom"] = slowest.restored_from
+            if slowest.restore_seconds is not None:
+                last["restoreSeconds"] = round(max(r.restore_seconds or 0.0 for r in restored), 2)

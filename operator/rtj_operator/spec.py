@@ -294,6 +294,10 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
         errors.append(f"storage.size {storage['size']!r} must be a size greater than 0, such as 1200Gi")
     if parse_quantity(spec["shmSize"]) is None:
         errors.append(f"shmSize {spec['shmSize']!r} is not a valid size such as 64Gi")
+    per_node = spec["checkpoint"]["memoryCopies"]["maxBytesPerNode"]
+    if (parse_quantity(per_node) or 0) < 1:
+        errors.append(f"checkpoint.memoryCopies.maxBytesPerNode {per_node!r} must be a size of at least 1 byte, "
+                      "such as 512Gi")
     if spec["gpusPerNode"] == 0 and spec["efaPerNode"] > 0:
         errors.append("efaPerNode requires gpusPerNode > 0 (EFA is only used for GPU collectives)")
     names = [e.get("name") for e in spec.get("env") or []]
@@ -695,4 +699,5 @@ RESERVED_ENV = frozenset({
     "RTJ_FT_MAX_RESTARTS", "RTJ_INPROCESS_ENABLED", "RTJ_INPROCESS_MAX_ITERATIONS",
     "RTJ_INPROCESS_SOFT_TIMEOUT", "RTJ_INPROCESS_HARD_TIMEOUT", "RTJ_UID", "RTJ_NCCL_TIMEOUT",
     "RTJ_FT_MAX_NO_PROGRESS_CYCLES", "RTJ_GRACE_SECONDS", "RTJ_COORDINATOR", "RTJ_CRASH_LOOP_REPEATS",
+    "RTJ_STATE_COPIES", "RTJ_STATE_COPIES_BYTES_PER_NODE",
 })

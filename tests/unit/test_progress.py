@@ -225,3 +225,42 @@ def test_restart_counts_stay_bounded():
     assert len(st.restart_counts) <= progress.MAX_RESTART_COUNTS
     assert sum(e["count"] for e in st.restart_counts) == 100
     assert any(e["reason"] == "Other" for e in st.restart_counts)
+
+
+def test_where_a_recovery_restored_its_state_from_and_the_copies_held_reach_the_status():
+    """Issue 31: the pods say where each run's state came from (memory, node, peer, volume) and what a
+    rank holds off the volume; the status and the event carry both."""
+    last = {**in_process(1)["last"], "restoredFrom": "memory", "restoreSeconds": 0.4}
+    copies = {"memoryBytes": 2048, "nodeBytes": 1100, "peerBytes": 1100, "skipped": ""}
+    w = world(report(leader=True, copies=copies), report(**{**in_process(1), "last": last}))
+    intent = w.run()
+    assert intent.status.last_recovery["restoredFrom"] == "memory"
+    assert intent.status.last_recovery["restoreSeconds"] == 0.4
+    assert intent.status.progress["stateCopies"] == {"memoryBytesPerRank": 2048, "nodeBytesPerRank": 1100,
+                                                      "peerBytesPerRank": 1100, "skipped": ""}
+    event = next(e for e in intent.events if e.reason == "InProcessRestart")
+    assert "state from memory in 0.4s" in event.message
+
+
+@pytest.mark.parametrize("source", ["disk", 3, None])
+def test_a_source_that_is_not_one_of_the_tiers_is_left_out(source):
+    last = {**in_process(1)["last"], "restoredFrom": source, "restoreSeconds": 0.4}
+    intent = world(report(**{**in_process(1), "last": last})).run()
+    assert "restoredFrom" not in intent.status.last_recovery and "restoreSeconds" not in intent.status.last_recovery
+
+
+def test_an_operator_recovery_learns_where_the_new_pods_restored_from_their_slowest():
+    w = world(report(step=130, leader=True, runSince=T - 500), report(step=130, resumed=120, runSince=T - 500),
+              startTime=ts(600), restartStartedTime=ts(40), restarts=1, disruptions=1,
+              restartsByTier={"InProcess": 0, "Launcher": 0, "ReplacePod": 1, "GangRestart": 0},
+              lastFailureReason="NodeLost", lastFailureMessage="node n1 lost",
+              conditions=[{"type": "Restarting", "status": "True", "reason": "ReplacePod", "message": "",
+                           "lastTransitionTime": ts(40)}],
+              recovery={"stepAtFault": 128})
+    intent = w.run()
+    w.world.pods[0] = reporting(pod(0), report(step=121, resumed=120, at=2.0, runSince=T - 10, leader=True,
+                                               restoredFrom="node", restoreSeconds=0.2))
+    w.world.pods[1] = reporting(pod(1), report(step=121, resumed=120, at=2.0, runSince=T - 10,
+                                               restoredFrom="peer", restoreSeconds=1.5))
+    last = again(w, intent, NOW + datetime.timedelta(seconds=5)).status.last_recovery
+    assert (last["restoredFrom"], last["restoreSeconds"], last["stepsRolledBack"]) == ("peer", 1.5, 8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rtj_operator import api
 from rtj_operator.builders.job import build_job
 from rtj_operator.spec import (
     MAX_NAME_LENGTH,
@@ -92,13 +93,16 @@ def test_long_names_are_rejected_so_hostnames_stay_dns_labels():
 
 def test_reserved_env_is_exactly_what_the_job_sets():
     budget = {"maxRestartsWithoutProgress": 3}
-    job = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0, restartBudget=budget)))
-    names = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    names: set[str] = set()
+    for copies in ({"enabled": False}, {"maxBytesPerNode": "100Gi"}):  # one or the other is set
+        job = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0, restartBudget=budget,
+                                               checkpoint={"memoryCopies": copies})))
+        names |= {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert names == RESERVED_ENV
-    # The default is the worker's own: not set, so a Job built before it existed keeps its template hash.
+    # The defaults are the worker's own: not set, so a Job built before they existed keeps its template hash.
     default = build_job(RTJ.from_body(rtj_body(efaPerNode=0, gpusPerNode=0)))
     assert {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]} == RESERVED_ENV - {
-        "RTJ_CRASH_LOOP_REPEATS"}
+        "RTJ_CRASH_LOOP_REPEATS", "RTJ_STATE_COPIES", "RTJ_STATE_COPIES_BYTES_PER_NODE"}
 
 
 def errors_of(name: str = "train", **spec) -> list[str]:
@@ -413,3 +417,26 @@ def test_the_in_process_timeouts_default_by_world_size(spec, want):
     """Issue 27.7: 45/55 s also covered process-group setup, which takes far longer at 512 ranks."""
     ipr = RTJ.from_body(rtj_body(**spec)).spec["resiliency"]["inProcessRestart"]
     assert (ipr["softTimeoutSeconds"], ipr["hardTimeoutSeconds"]) == want
+
+
+@pytest.mark.parametrize(("copies", "env"), [
+    ({}, {}),  # the worker's defaults: nothing set (a Job built before memoryCopies keeps its hash)
+    ({"enabled": False}, {"RTJ_STATE_COPIES": "0"}),
+    ({"maxBytesPerNode": "100Gi"}, {"RTJ_STATE_COPIES_BYTES_PER_NODE": str(100 << 30)}),
+    ({"maxBytesPerNode": "1T"}, {"RTJ_STATE_COPIES_BYTES_PER_NODE": str(10**12)}),
+], ids=["default", "off", "100Gi", "1T"])
+def test_memory_copies_reach_the_worker_only_where_they_differ_from_its_defaults(copies, env):
+    job = build_job(RTJ.from_body(rtj_body(checkpoint={"memoryCopies": copies})))
+    got = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+           if e["name"].startswith("RTJ_STATE_COPIES")}
+    assert got == env
+
+
+def test_the_memory_copies_default_is_the_workers():
+    from rtj_worker import progress
+
+    assert parse_quantity(api.STATE_COPIES_BYTES_PER_NODE) == progress.DEFAULT_COPIES_BYTES_PER_NODE
+
+
+def test_a_memory_copies_budget_must_be_a_size():
+    assert any("maxBytesPerNode" in e for e in errors_of(checkpoint={"memoryCopies": {"maxBytesPerNode": "lots"}}))

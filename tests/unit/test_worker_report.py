@@ -45,14 +45,15 @@ class Pod:
         self.ranks: list[RankProgress] = []
         self.group = 0
 
-    def start(self, step: int = 0, iteration: int = 0, new_group: bool = True) -> None:
+    def start(self, step: int = 0, iteration: int = 0, new_group: bool = True,
+              sources: tuple[tuple[str, float], ...] = ()) -> None:
         if new_group:
             self.group += 1
             self.ranks = [RankProgress(self.dir, local, f"g{self.group}", clock=self.clock)
                           for local in range(len(self.global_ranks))]
-        for rank, progress in zip(self.global_ranks, self.ranks, strict=True):
+        for i, (rank, progress) in enumerate(zip(self.global_ranks, self.ranks, strict=True)):
             progress.loaded(step)
-            progress.started(rank, iteration, step)
+            progress.started(rank, iteration, step, *(sources[i] if sources else (None, None)))
 
     def steps(self, first: int, last: int, seconds: float = 0.5) -> None:
         for step in range(first, last + 1):
@@ -105,6 +106,19 @@ def test_an_exception_of_this_pods_rank_counts_once_the_loop_runs_again(tmp_path
     assert report["causes"] == {"InProcess/RuntimeError": 1}
     assert report["last"]["rolledBack"] == 5 and report["last"]["seconds"] == pytest.approx(11.0)
     assert report["state"] == "Training" and report["step"] == 22 and report["resumed"] == 20
+
+
+def test_a_recovery_says_where_its_slowest_rank_restored_from(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.start()
+    pod.steps(1, 25)
+    pod.ranks[1].failed(RuntimeError("injected"), 25, own=True)
+    pod.tracker.poll()
+    pod.start(step=20, iteration=1, new_group=False, sources=(("memory", 0.1), ("node", 0.7)))
+    pod.steps(21, 22)
+    report = pod.report()
+    assert (report["last"]["restoredFrom"], report["last"]["restoreSeconds"]) == ("node", 0.7)
+    assert (report["restoredFrom"], report["restoreSeconds"]) == ("node", 0.7)
 
 
 def test_a_peers_fault_is_not_counted_here(tmp_path: Path) -> None:

@@ -114,6 +114,24 @@ def test_exception_is_recovered_in_process(tmp_path, clean_run):
     assert last["tier"] == "InProcess" and last["rolledBack"] == 5 and 0 < last["seconds"] < 60
 
 
+def test_with_copies_off_the_volume_each_tier_restores_from_its_own_copy_and_training_ends_the_same(tmp_path,
+                                                                                                   clean_run):
+    """Issue 31: an in-process restart restores from the ranks' memory, an ft_launcher respawn from the
+    node's /dev/shm; neither reads the checkpoint volume, and the weights are a clean run's."""
+    run_ = launch(tmp_path, "--fault", "1:25:exc", "--fault", "0:45:sigkill")
+    assert run_.code == 0, run_.log[-3000:]
+    starts = run_.starts()
+    assert [(e["step"], e.get("source")) for e in starts] == [(0, None)] * 2 + [(20, "memory")] * 2 + [
+        (40, "node")] * 2, starts
+    assert run_.result() == clean_run
+    progress = run_.progress
+    assert progress["restarts"] == {"InProcess": 1, "Launcher": 1}
+    assert progress["last"]["restoredFrom"] == "node" and progress["last"]["restoreSeconds"] >= 0
+    copies = progress["copies"]
+    assert copies["memoryBytes"] > 0 and copies["nodeBytes"] > 0 and copies["skipped"] == "", copies
+    assert sorted(p.name for p in (tmp_path / "shm" / "local").iterdir()) == ["own-rank-0.pt", "own-rank-1.pt"]
+
+
 def test_in_process_restart_before_the_first_checkpoint_starts_from_the_initial_weights(tmp_path, clean_run):
     run_ = launch(tmp_path, "--fault", "1:5:exc")  # checkpoints every 10 steps: none exists yet
     assert run_.code == 0, run_.log[-3000:]
@@ -134,11 +152,12 @@ def test_exception_while_a_save_is_in_flight_resumes_from_the_last_committed_ste
 
 @pytest.mark.nvrx041
 def test_sigkill_is_recovered_by_ft_launcher_respawn(tmp_path, clean_run):
-    run_ = launch(tmp_path, "--fault", "1:25:sigkill")
+    run_ = launch(tmp_path, "--fault", "1:25:sigkill", RTJ_STATE_COPIES="0")  # copies off: from the volume
     assert run_.code == 0, run_.log[-3000:]
     first, second = run_.starts()[:2], run_.starts()[2:]
     assert len(second) == 2 and not {e["pid"] for e in first} & {e["pid"] for e in second}
-    assert {e["step"] for e in second} == {20}
+    assert {e["step"] for e in second} == {20} and {e["source"] for e in second} == {"volume"}
+    assert not (tmp_path / "shm").exists()
     assert "will restart worker group" in run_.log  # the launcher of this pod did it, no new pod
     assert run_.result() == clean_run
     progress = run_.progress
@@ -872,6 +891,10 @@ def test_a_hot_spare_takes_over_a_lost_node_before_any_new_pod_exists(tmp_path, 
         assert [r.progress["restarts"] for r in runs] == [{"InProcess": 0, "Launcher": 0}] * 2, runs[0].log[-3000:]
         resumed = [e for e in runs[0].starts() if e["t"] > lost_at]
         assert resumed and {e["step"] for e in resumed} <= {10, 20}, resumed  # the newest checkpoint before
+        # The survivor kept its slot and restores from its node; the spare took the lost node's slot and
+        # fetches its copy from the survivor, which held it (a ring of 2). Or, when the step committed just
+        # before the loss had not reached the peer yet, every rank reads the volume: all or none.
+        assert {e["source"] for e in resumed} in ({"node", "peer"}, {"volume"}), resumed
         result = json.loads((tmp_path / "ckpt" / "result.json").read_text())
         assert result["steps"] == STEPS and result["checksum"] == pytest.approx(clean_run["checksum"], rel=1e-9)
     finally:

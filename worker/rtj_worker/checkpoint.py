@@ -20,6 +20,10 @@ its own. The thread holds the GIL for DCP's Python work (planning, serializing) 
 thread needs it to launch kernels; the process does not. Its world is built once from the group of
 its first save, so every regroup (an in-process restart: abandon()) and close() kills it, and the
 next save spawns a new one; waits for it are bounded here (its own timeouts are 30 minutes).
+
+With `tiers` (rtj_worker.memstate), every save also keeps this rank's part of the step off the volume
+(in memory, in the node's /dev/shm, and in a peer node's), and a load restores from those copies when
+every rank has one (its own, or one a peer holds and sends it), reading nothing from the volume.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from . import ckpt_index, events, waits
+from . import ckpt_index, events, memstate, waits
 from .ckpt_index import step_dir
 
 log = logging.getLogger(__name__)
@@ -194,7 +198,7 @@ class Checkpointer:
 
     def __init__(self, root: str | Path, rank: int, world_size: int, use_async: bool = True, keep: int = 3,
                  uid: str = "", on_commit: Callable[[int, float], None] | None = None, writer: str = "thread",
-                 address: str | None = None):
+                 address: str | None = None, tiers: memstate.Tiers | None = None, local_world: int = 1):
         if writer not in WRITERS:
             raise ValueError(f"checkpoint writer must be one of {', '.join(WRITERS)}, got {writer!r}")
         if writer == "process":
@@ -217,6 +221,13 @@ class Checkpointer:
         # must fit in its grace period), passed to on_commit with the step.
         self._save_started: dict[int, float] = {}
         self.write_seconds: float | None = None  # the newest committed save's
+        self.tiers, self.local_world = tiers, local_world
+        if tiers is not None:
+            tiers.local_world = local_world
+        self.peer_group: dist.ProcessGroup | None = None  # the peer copies' exchange (its own thread)
+        self._exchange: concurrent.futures.ThreadPoolExecutor | None = None
+        self.restored_from = memstate.VOLUME  # where the newest load's state came from
+        self.restore_seconds = 0.0
 
     def attach(self, group: dist.ProcessGroup | None = None, timeout: datetime.timedelta | None = None) -> None:
         """Collective, once per process group: DCP needs a CPU (gloo) group; its background thread
@@ -232,6 +243,21 @@ class Checkpointer:
         token = [uuid.uuid4().hex[:8] if self.rank == 0 else None]
         dist.broadcast_object_list(token, src=0, group=self.io_group)
         self._token = str(token[0])  # fresh temporary directories for every attachment
+        if self.tiers is not None:
+            self.tiers.rank, self.tiers.world = self.rank, self.world_size
+            self._stop_exchange()
+            if self.tiers.node_dir is not None and self._partner() is not None:
+                self.peer_group = dist.new_group(backend="gloo", timeout=timeout)
+                self._exchange = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-peer-copy")
+
+    def _partner(self) -> int | None:
+        return memstate.partner(self.rank, self.world_size, self.local_world) if self.tiers is not None else None
+
+    def _stop_exchange(self) -> None:
+        """The previous group's exchange thread: left to fail with its group (never waited for)."""
+        if self._exchange is not None:
+            self._exchange.shutdown(wait=False, cancel_futures=True)
+        self._exchange, self.peer_group = None, None
 
     def _writer(self, path: Path) -> dcp.FileSystemWriter:
         return ShardWriter(path)
@@ -290,6 +316,8 @@ class Checkpointer:
             self._finish()
         tmp = ckpt_index.tmp_dir(self.root, self.uid, self._token, step)
         self._save_started = {step: time.monotonic()}  # one save in flight at most
+        if self.tiers is not None:  # this rank's copy of the step, taken as DCP stages its own
+            self.tiers.capture(step, state)
         if self.use_async and not sync:
             self._pending = (step, tmp, self._async_save(state, tmp))
         else:
@@ -361,11 +389,14 @@ class Checkpointer:
             with contextlib.suppress(*FAILURES, concurrent.futures.TimeoutError):
                 waits.result(pending, timeout, "an abandoned checkpoint write")
         self._pending = None
+        if self.tiers is not None:
+            self.tiers.drop_pending()
         if self.writer == "process":  # its world is this group's: the next group needs a new one
             stop_writer_process(pending)
 
     def close(self) -> None:
         self.abandon(timeout=60.0)
+        self._stop_exchange()
         if self._stager is not None:
             self._stager.close()
             self._stager = None
@@ -376,6 +407,8 @@ class Checkpointer:
             if self.rank == 0:
                 log.error("checkpoint step %d was not written by every rank: not committed", step)
                 shutil.rmtree(tmp, ignore_errors=True)
+            if self.tiers is not None:
+                self.tiers.drop_pending()
             return False
         committed = 1
         if self.rank == 0:
@@ -387,6 +420,10 @@ class Checkpointer:
                 committed = 0
         if agree_min(committed, self.group):
             self.committed_step = step
+            if self.tiers is not None:
+                self.tiers.committed_step(step)
+                if self._exchange is not None:
+                    self._exchange.submit(self._send_to_peer, step, self.peer_group)
             started = self._save_started.pop(step, None)
             self.write_seconds = round(time.monotonic() - started, 3) if started is not None else None
             if self.on_commit is not None:
@@ -400,6 +437,7 @@ class Checkpointer:
         on a candidate (the oldest of the ranks' newest steps), then on whether all ranks have it,
         then on whether all ranks loaded it."""
         self.load_failed = False
+        self.restored_from, self.restore_seconds = memstate.VOLUME, 0.0
         bound: int | None = None
         while True:
             mine = [s for s in ckpt_index.complete_steps(self.root, self.uid) if bound is None or s < bound]
@@ -407,7 +445,10 @@ class Checkpointer:
             if candidate == 0:
                 self.committed_step = 0
                 return 0
+            if agree_min(int(candidate in mine), self.group) and self._restore_copies(candidate, state):
+                return candidate
             if agree_min(int(candidate in mine), self.group):
+                self._load_started = time.monotonic()
                 ok = LOADED
                 try:  # minutes for real-size state: in a thread, waited for in polls (waits.py)
                     waits.call(lambda c=candidate: dcp.load(state, checkpoint_id=step_dir(self.root, c),
@@ -422,6 +463,7 @@ class Checkpointer:
                 outcome = agree_min(ok, self.group)
                 if outcome == LOADED:
                     self.committed_step = candidate
+                    self.restore_seconds = round(time.monotonic() - self._load_started, 3)
                     return candidate
                 if outcome == TIMED_OUT:
                     # Slow storage, not a damaged step: marking it unloadable would lose it for good (seen
@@ -437,3 +479,82 @@ class Checkpointer:
                         log.warning("could not mark step %d unloadable: %s", candidate, exc)
             log.warning("checkpoint step %d is not loadable on every rank; trying an older one", candidate)
             bound = candidate
+
+    # --- copies off the volume (memstate) ---------------------------------------------------------------
+    def _send_to_peer(self, step: int, group: dist.ProcessGroup | None) -> None:
+        """In the exchange thread, after `step` committed (every rank, in commit order): send this rank's
+        node file to its partner, and keep the one its predecessor sends. Sizes first (0: no copy)."""
+        tiers, partner = self.tiers, self._partner()
+        if tiers is None or partner is None or group is None:
+            return
+        source = (self.rank - self.local_world) % self.world_size
+        try:
+            path = tiers.own_file()  # the newest committed step's (a later commit may have replaced it)
+            received = _swap(path.read_bytes() if path is not None else b"", partner, source, group)
+            tiers.hold(source, received or None)
+        except Exception as exc:  # a peer gone, the group destroyed: the next commit tries again
+            log.warning("rank %d: step %d's copy not exchanged with its peers: %s", self.rank, step, exc)
+
+    def _restore_copies(self, step: int, state: dict[str, Any]) -> bool:
+        """Collective: restore `step` into `state` from the copies off the volume if every rank has one
+        (its own, or its peer's, sent to it now). False: every rank loads from the volume instead (any
+        rank's copy failing its checksum, or not fitting, included)."""
+        if self.tiers is None:
+            return False
+        started = time.monotonic()
+        own = self.tiers.own(step)
+        flags = torch.tensor([int(own is not None), self.tiers.held_rank()], dtype=torch.int64)
+        gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world_size)]
+        waits.work(dist.all_gather(gathered, flags, group=self.io_group, async_op=True), self.io_timeout,
+                   "the copies' census")
+        plan = memstate.plan_restore([bool(g[0]) for g in gathered], [int(g[1]) for g in gathered])
+        if plan is None:
+            return False
+        source, copy, ok = own[0] if own is not None else memstate.PEER, own[1] if own is not None else None, 1
+        try:
+            send_to = [r for r, s in plan.items() if s == self.rank]
+            path = self.tiers.held_file() if send_to else None
+            outgoing = path.read_bytes() if path is not None else b""
+            if send_to or self.rank in plan:
+                received = waits.call(lambda: _swap(outgoing, send_to[0] if send_to else None, plan.get(self.rank),
+                                                    self.io_group), self.io_timeout, "a copy from a peer")
+                if self.rank in plan:
+                    copy = memstate.read_copy(received) if received else None
+            if copy is None or not copy.matches(step, self.rank, self.world_size, self.uid):
+                raise ValueError(f"no copy of step {step} for rank {self.rank}")
+            copy.restore_into(state)
+        except Exception as exc:  # the state may be partly overwritten: the volume's load overwrites it all
+            log.warning("rank %d: step %d not restored from its copies: %s", self.rank, step, exc)
+            ok = 0
+        if not agree_min(ok, self.group):
+            return False
+        if source == memstate.PEER and copy is not None:  # now this rank's own: a respawn restores locally
+            self.tiers.adopt(copy)
+        self.committed_step = step
+        self.restored_from, self.restore_seconds = source, round(time.monotonic() - started, 3)
+        return True
+
+
+def _swap(data: bytes, to: int | None, source: int | None, group: dist.ProcessGroup | None) -> bytes:
+    """Send `data` to rank `to` and receive from rank `source` (either may be None), over `group`'s
+    point-to-point links: the size, then the bytes. Gloo completes a send or a receive only inside its
+    wait() (bounded by the group's timeout), so this blocks: the main thread calls it through waits.call."""
+    sends, size = [], torch.tensor([len(data)], dtype=torch.int64)
+    incoming = torch.zeros(1, dtype=torch.int64)
+    ops = []
+    if to is not None:
+        ops.append(dist.P2POp(dist.isend, size, to, group))
+    if source is not None:
+        ops.append(dist.P2POp(dist.irecv, incoming, source, group))
+    for handle in dist.batch_isend_irecv(ops) if ops else []:
+        handle.wait()
+    payload = torch.empty(int(incoming.item()) if source is not None else 0, dtype=torch.uint8)
+    ops = []
+    if to is not None and data:
+        sends.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        ops.append(dist.P2POp(dist.isend, sends[-1], to, group))
+    if source is not None and payload.numel():
+        ops.append(dist.P2POp(dist.irecv, payload, source, group))
+    for handle in dist.batch_isend_irecv(ops) if ops else []:
+        handle.wait()
+    return payload.numpy().tobytes() if payload.numel() else b""

@@ -132,8 +132,10 @@ def start(workdir: Path, train_args: list[str], name: str = "", command: list[st
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "rtj_worker.entrypoint"]
     command = command or ["python", "-m", "rtj_worker.train"]
     # What the pod would publish as its rtj.dev/Progress condition (rtj_worker.report), one JSON line each.
+    # Its node's /dev/shm (each pod has its own): the node copies of committed state (rtj_worker.memstate).
     env = {"RTJ_TERMINATION_LOG": str(workdir / f"termination-log{name}"),
-           "RTJ_REPORT_FILE": str(workdir / f"report{name}.jsonl"), **env}
+           "RTJ_REPORT_FILE": str(workdir / f"report{name}.jsonl"), "RTJ_NODE_TIER_DIR": str(workdir / f"shm{name}"),
+           **env}
     with open(workdir / f"worker{name}.log", "w") as log:
         proc = subprocess.Popen([*entry, "--", *command, *train_args], env=local_env(workdir, **env),
                                 stdout=log, stderr=subprocess.STDOUT)

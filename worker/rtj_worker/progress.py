@@ -26,6 +26,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+# Where a restored step's state came from (rtj_worker.memstate), fastest first.
+SOURCES = MEMORY, NODE, PEER, VOLUME = ("memory", "node", "peer", "volume")
+# A node's budget for its ranks' copies in process memory (two per rank at most: the committed step's and
+# the one being saved): a quarter of a p5's 2 TiB; an 8B model with Adam on 16 GPUs needs about 2 x 48 GB.
+DEFAULT_COPIES_BYTES_PER_NODE = 512 << 30
 PROGRESS = "progress.json"
 EVENTS = "ranks.jsonl"
 
@@ -48,16 +53,22 @@ class RankProgress:
         self._intervals: deque[float] = deque(maxlen=WINDOW)
         self._first = True  # no step yet in this run
         self.first_step_at = 0.0  # when this run's first step was done (a recovery ends there)
+        self.tiers: Any = None  # rtj_worker.memstate.Tiers: what this rank holds off the volume
 
     @property
     def writes_progress(self) -> bool:
         return self.dir is not None and self.local_rank == 0
 
-    def started(self, rank: int, iteration: int, step: int) -> None:
-        """A run begins (after its checkpoint was loaded): `step` is where it resumes."""
+    def started(self, rank: int, iteration: int, step: int, source: str | None = None,
+                restore_seconds: float | None = None) -> None:
+        """A run begins (after its checkpoint was loaded): `step` is where it resumes; `source`: where
+        that step's state came from (rtj_worker.memstate.SOURCES), in `restore_seconds`."""
         self.rank, self.iteration, self.step, self._first = rank, iteration, step, True
         self.step_at = self.clock()
-        self._append({"e": "start", "rank": rank, "iteration": iteration, "step": step})
+        record: dict[str, Any] = {"e": "start", "rank": rank, "iteration": iteration, "step": step}
+        if source:
+            record.update(source=source, restoreSeconds=restore_seconds)
+        self._append(record)
 
     def stepped(self, step: int) -> None:
         now = self.clock()
@@ -102,6 +113,9 @@ class RankProgress:
                   "firstStepAt": self.first_step_at,
                   "stepSeconds": self.step_seconds, "ckpt": self.committed, "ckptAt": self.committed_at or None,
                   "ckptSeconds": self.commit_seconds}
+        if self.tiers is not None:  # this rank's; every rank of a node holds about as much (FSDP)
+            record["copies"] = {"memoryBytes": self.tiers.memory_bytes, "nodeBytes": self.tiers.node_bytes,
+                                "peerBytes": self.tiers.peer_bytes, "skipped": self.tiers.skipped[:MESSAGE_CHARS]}
         tmp = self.dir / f".{PROGRESS}.{os.getpid()}"
         with contextlib.suppress(OSError):  # a full or gone state dir must never stop training
             tmp.write_text(json.dumps(record))

@@ -6,13 +6,17 @@
   ft_launcher overwrites MASTER_ADDR/MASTER_PORT in the ranks' environment with its own choice (a
   free port on whichever host it picked), so the stores are found from RTJ_RDZV_ENDPOINT instead.
 - Ranks: the c10d rendezvous orders nodes by their host names as strings ("-10" before "-2"); the
-  global rank is re-derived from the numeric node rank (the Job's completion index) and local rank.
+  global rank is re-derived from the numeric node rank (the Job's completion index) and local rank,
+  by node slots: a node keeps the slot it had in its previous worker group, and a spare or a replaced
+  pod takes a missing node's slot. Each rank's FSDP shard follows its rank, so the nodes that survive a
+  loss keep the shards they hold in memory (rtj_worker.memstate) and only the newcomer fetches its own.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
 APP_STORE_OFFSET = 1
@@ -41,18 +45,50 @@ def group_key(env: Mapping[str, str]) -> str:
 
 
 def numeric_rank(store: KeyValueStore, rank: int, world_size: int, node_rank: int, local_rank: int,
-                 prefix: str) -> int:
-    """This process's rank when ranks are ordered by (node rank, local rank) as numbers.
+                 prefix: str, previous_slot: int = -1) -> int:
+    """This process's rank: ranks ordered by (node slot, local rank), node_slots() giving the slots.
+    `previous_slot`: the slot this node had in its previous worker group (-1: none; see slot_file).
 
-    Collective over `store`: every rank publishes its (node, local) pair under its launcher rank and
-    reads all of them (get blocks until a key exists)."""
-    store.set(f"{prefix}/{rank}", f"{node_rank}:{local_rank}")
-    pairs = []
+    Collective over `store`: every rank publishes its (node, local, previous slot) under its launcher
+    rank and reads all of them (get blocks until a key exists)."""
+    store.set(f"{prefix}/{rank}", f"{node_rank}:{local_rank}:{previous_slot}")
+    pairs, claims = [], {}
     for other in range(world_size):
-        node, local = store.get(f"{prefix}/{other}").decode().split(":")
-        pairs.append(((int(node), int(local)), other))
-    order = [launcher_rank for _, launcher_rank in sorted(pairs)]
-    return order.index(rank)
+        node, local, *prev = (int(x) for x in store.get(f"{prefix}/{other}").decode().split(":"))
+        pairs.append((node, local))
+        claims[node] = max(claims.get(node, -1), prev[0] if prev else -1)
+    slots = node_slots(claims)
+    return sorted((slots[node], local) for node, local in pairs).index((slots[node_rank], local_rank))
+
+
+def node_slots(claims: dict[int, int]) -> dict[int, int]:
+    """Each node rank's slot among len(claims) slots, given the slot each node had in its previous worker
+    group (-1: none). A node keeps its previous slot (the lower node rank wins one claimed twice); then a
+    node whose rank is a free slot takes it (a new gang: the identity); the others (spares, replaced pods)
+    take the free slots, lowest node rank into the lowest slot. So when a node is lost, whoever replaces
+    it takes its slot and every other node keeps its ranks, and with them the shards it holds."""
+    count, slots = len(claims), {}
+    for node in sorted(claims):
+        if 0 <= claims[node] < count and claims[node] not in slots.values():
+            slots[node] = claims[node]
+    for node in sorted(claims):
+        if node not in slots and node < count and node not in slots.values():
+            slots[node] = node
+    free = iter(sorted(set(range(count)) - set(slots.values())))
+    return {node: slots[node] if node in slots else next(free) for node in sorted(claims)}
+
+
+def slot_file(state_dir: str | None) -> Path | None:
+    """Where a pod remembers its node's slot between its worker groups (it outlives the ranks, not the pod:
+    as the copies of state a node holds do)."""
+    return Path(state_dir) / "node-slot" if state_dir else None
+
+
+def read_slot(path: Path | None) -> int:
+    try:
+        return int(path.read_text()) if path is not None else -1
+    except (OSError, ValueError):
+        return -1
 
 
 def own_address(peer: str, env: Mapping[str, str]) -> str:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .progress import EventTail, read_progress
+from .progress import SOURCES, EventTail, read_progress
 
 log = logging.getLogger("rtj_worker.report")
 
@@ -95,6 +95,8 @@ class Run:
     leader: bool = False  # one of its ranks is global rank 0
     resumed: int = 0
     last_step_at: float = 0.0
+    source: str | None = None  # where its state came from (rtj_worker.memstate.SOURCES): its slowest rank's
+    restore_seconds: float | None = None
 
     def in_loop(self) -> float:
         return max(0.0, self.last_step_at - max(self.starts.values())) if self.leader and self.starts else 0.0
@@ -113,6 +115,7 @@ class Tracker:
         self.ckpt: int | None = None
         self.ckpt_at: float | None = None
         self.ckpt_seconds: float | None = None  # how long that checkpoint took to write
+        self.copies: dict[str, Any] | None = None  # what a rank holds off the volume (rtj_worker.memstate)
         self.closed_in_loop = 0.0  # in-loop seconds of the runs that ended
         self.restarts = {INPROCESS: 0, LAUNCHER: 0}
         self.causes: dict[str, int] = {}
@@ -185,6 +188,11 @@ class Tracker:
                 self.pending.resumed = run.resumed
         run.starts[local] = float(event.get("t") or self.clock())
         run.pids.add(pid)
+        if event.get("source") in SOURCES:
+            slowest = max(SOURCES.index(event["source"]), SOURCES.index(run.source) if run.source else -1)
+            run.source = SOURCES[slowest]
+            with contextlib.suppress(TypeError, ValueError):
+                run.restore_seconds = max(run.restore_seconds or 0.0, float(event.get("restoreSeconds") or 0.0))
         if int(event.get("rank", -1)) == 0 and not run.leader:
             run.leader = True
             self.urgent = True
@@ -196,6 +204,8 @@ class Tracker:
                 self.ckpt_seconds = float(p["ckptSeconds"]) if p.get("ckptSeconds") is not None else None
             if p.get("stepSeconds"):
                 self.step_seconds = float(p["stepSeconds"])
+            if isinstance(p.get("copies"), dict):
+                self.copies = p["copies"]
             run, pid, at = self.run, int(p.get("pid") or 0), float(p.get("stepAt") or 0)
             if run is None or pid not in run.pids or at <= run.last_step_at or at < max(run.starts.values()):
                 return  # an earlier run's, or no step of this run yet
@@ -252,6 +262,8 @@ class Tracker:
         self.causes[key] = self.causes.get(key, 0) + 1
         self.last = {"tier": tier, "cause": rec.cause, "detail": rec.detail, "at": round(rec.at, 2),
                      "seconds": round(at - rec.at, 2), "rolledBack": max(0, rec.step - resumed)}
+        if run.source:
+            self.last.update(restoredFrom=run.source, restoreSeconds=_round(run.restore_seconds))
         self.pending = None
         self.urgent = True
 
@@ -279,7 +291,10 @@ class Tracker:
                 "runSince": round(min(run.starts.values()), 2) if run and run.starts else None,
                 "inLoopSeconds": round(self.closed_in_loop + (run.in_loop() if run else 0.0), 2),
                 "restarts": dict(self.restarts), "causes": dict(self.causes), "last": self.last,
+                "copies": self.copies,
             }
+            if run is not None and run.source:
+                out["restoredFrom"], out["restoreSeconds"] = run.source, _round(run.restore_seconds)
             if self.pending is not None:
                 out["recovering"] = {"tier": self.pending.tier, "cause": self.pending.cause,
                                      "at": round(self.pending.at, 2)}

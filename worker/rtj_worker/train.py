@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from . import ckpt_index, events, exit_codes, ranks
+from . import ckpt_index, events, exit_codes, memstate, ranks
 from .checkpoint import WRITERS, Checkpointer, agree_min
 from .faults import Fault, maybe_inject
 from .models import Llama, LlamaConfig, next_token_loss
@@ -319,9 +319,10 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
             elif ckpt.load_failed:  # a failed load may have overwritten part of the initial state
                 model, opt = fresh(args, device, world)
         events.emit("start", rank=rank, step=start, iteration=iteration, world_size=world, backend=backend,
-                    host=os.uname().nodename, model=args.model)
+                    host=os.uname().nodename, model=args.model, source=ckpt.restored_from if start else None,
+                    restore_seconds=ckpt.restore_seconds if start else None)
         progress.loaded(start)
-        progress.started(rank, iteration, start)
+        progress.started(rank, iteration, start, ckpt.restored_from if start else None, ckpt.restore_seconds)
         loss = torch.tensor(0.0)
         stop.enter_training()
         try:
@@ -571,15 +572,24 @@ def main(argv: list[str] | None = None) -> int:
     # on different keys for ever (found end to end with 2 nodes).
     group = ranks.group_key(os.environ) if coordinator else f"attempt{os.environ.get('RTJ_ATTEMPT', '0')}"
     base_store = dist.PrefixStore(group, base_store)
-    rank = ranks.numeric_rank(base_store, launcher_rank, world, node_rank, local_rank, "ranks")
+    slot_file = ranks.slot_file(os.environ.get("RTJ_STATE_DIR"))
+    rank = ranks.numeric_rank(base_store, launcher_rank, world, node_rank, local_rank, "ranks",
+                              ranks.read_slot(slot_file))
+    if slot_file is not None and local_rank == 0:  # the node's slot: its first rank's // ranks per node
+        with contextlib.suppress(OSError):
+            slot_file.write_text(str(rank // int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
     os.environ["RANK"] = str(rank)  # inprocess.Wrapper and train() read it
     # What this rank tells its pod's entrypoint (rtj_worker.report); the run: this worker group on this node.
     progress = RankProgress(os.environ.get("RTJ_STATE_DIR"), local_rank,
                             f"{ranks.group_key(os.environ)}/r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    uid = os.environ.get("RTJ_UID", "")
+    tiers = memstate.Tiers.from_env(os.environ, rank, world, uid)
     ckpt = Checkpointer(args.checkpoint_dir, rank, world, use_async=not args.sync_checkpoint,
-                        keep=args.checkpoint_keep, uid=os.environ.get("RTJ_UID", ""), writer=args.checkpoint_writer,
+                        keep=args.checkpoint_keep, uid=uid, writer=args.checkpoint_writer,
                         address=ranks.own_address(host, os.environ) if args.checkpoint_writer == "process" else None,
-                        on_commit=progress.commit)
+                        on_commit=progress.commit, tiers=tiers,
+                        local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    progress.tiers = tiers
     ft_client = RankMonitorClient()
     # A rank that leaves because peers left is not at fault: its pod's report counts no recovery for the
     # launcher's restart that follows.

@@ -11,7 +11,7 @@ from rtj_worker import exit_codes
 from rtj_worker.crashloop import REPEATS as CRASH_LOOP_REPEATS
 
 from .. import api
-from ..spec import RTJ, nccl_timeout
+from ..spec import RTJ, nccl_timeout, parse_quantity
 from .names import job_name, labels, pvc_name, rendezvous_host, selector_labels, service_name
 from .pod import extra_mounts, extra_volumes, pod_metadata, worker_pod_fields
 
@@ -91,6 +91,12 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
+    copies = ckpt["memoryCopies"]
+    # Only what differs from the worker's defaults: a Job built before memoryCopies existed keeps its hash.
+    if not copies["enabled"]:
+        values["RTJ_STATE_COPIES"] = "0"
+    elif copies["maxBytesPerNode"] != api.STATE_COPIES_BYTES_PER_NODE:
+        values["RTJ_STATE_COPIES_BYTES_PER_NODE"] = str(int(parse_quantity(copies["maxBytesPerNode"]) or 0))
     repeats = spec["restartBudget"]["maxRestartsWithoutProgress"]
     if repeats != CRASH_LOOP_REPEATS:
         # A crash loop inside the pod ends by the rule that ends one across pods (rtj_worker.crashloop).
