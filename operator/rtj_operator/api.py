@@ -92,6 +92,7 @@ IN_PROCESS_TIMEOUTS = {False: (45, 55), True: (60, 90)}  # by world >= LARGE_WOR
 # carry no variable for it. Where a restored step's state came from, fastest first.
 STATE_COPIES_BYTES_PER_NODE = f"{worker_progress.DEFAULT_COPIES_BYTES_PER_NODE >> 30}Gi"
 STATE_SOURCES = worker_progress.SOURCES
+CHECKPOINT_INTERVAL_POLICIES = ("Fixed", "YoungDaly")  # policies/interval.py
 
 
 def _int(default: int | None = None, minimum: int | None = None, maximum: int | None = None,
@@ -672,6 +673,11 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                          "async_save: staged to host memory, written in the background; "
                                          "off: written in the training loop)."},
                 "keep": _int(3, 1, 1000, "Complete checkpoints to keep."),
+                "intervalPolicy": _str("Fixed: save every intervalSteps. YoungDaly: a new gang (after a gang "
+                                       "restart) saves at the interval status.checkpointInterval.suggestedSteps "
+                                       "measured so far (sqrt(2 x save stall x mean time between failures)), "
+                                       "intervalSteps until there is one; a running gang keeps its own.",
+                                       enum=list(CHECKPOINT_INTERVAL_POLICIES), default="Fixed"),
                 "memoryCopies": _obj(
                     {"enabled": {"type": "boolean", "default": True,
                                  "description": "Keep each rank's part of the newest committed step off the "
@@ -854,6 +860,20 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                 format="date-time")},
             description="Live progress from the pods' reports (the condition rtj.dev/Progress each pod's entrypoint "
                         "writes on its own status)."),
+        "checkpointInterval": _obj(
+            {"policy": _str("checkpoint.intervalPolicy.", enum=list(CHECKPOINT_INTERVAL_POLICIES)),
+             "configuredSteps": {"type": "integer", "description": "checkpoint.intervalSteps."},
+             "appliedSteps": {"type": "integer", "description": "The interval the current gang's pods save at."},
+             "saveStallSeconds": {"type": "number", "description": "How long a save holds the training loop up "
+                                                                   "(the slowest pod's newest)."},
+             "failures": {"type": "integer", "description": "Recoveries of every tier so far (= restarts)."},
+             "meanSecondsBetweenFailures": {"type": "number", "description": "Wall time over failures."},
+             "suggestedSeconds": {"type": "number", "description": "Young-Daly: sqrt(2 x saveStallSeconds x "
+                                                                   "meanSecondsBetweenFailures)."},
+             "suggestedSteps": {"type": "integer", "description": "suggestedSeconds in steps, never below the "
+                                                                 "steps a save takes to write."}},
+            description="The checkpoint interval: configured, applied and measured (Young-Daly), once a save "
+                        "and a failure have been seen."),
         "goodput": _obj(
             {"training": {"type": "number", "description": "Steps since the job started x seconds per step / wall "
                                                            "time (bench/goodput.py's training goodput)."},

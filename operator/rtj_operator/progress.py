@@ -66,6 +66,7 @@ class Report:
     restored_from: str | None = None  # where its current run's state came from (api.STATE_SOURCES)
     restore_seconds: float | None = None
     copies: dict[str, Any] | None = None  # what a rank of it holds off the volume (status.progress.stateCopies)
+    save_stall: float | None = None  # how long its newest save held the training loop up
 
 
 def _int(value: Any) -> int | None:
@@ -114,7 +115,7 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
         in_loop_seconds=_num(data.get("inLoopSeconds")) or 0.0,
         restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last,
         restored_from=_restore(data).get("restoredFrom"), restore_seconds=_restore(data).get("restoreSeconds"),
-        copies=_copies(data.get("copies")))
+        copies=_copies(data.get("copies")), save_stall=_num(data.get("saveStallSeconds")))
 
 
 def _restore(data: dict[str, Any]) -> dict[str, Any]:

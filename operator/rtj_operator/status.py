@@ -152,6 +152,8 @@ class Status:
     # Live progress from the pods' reports (progress.py) and goodput so far.
     progress: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None
+    # The checkpoint interval, measured and applied (policies/interval.py).
+    checkpoint_interval: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     recovery: Ledger = field(default_factory=Ledger)

@@ -50,6 +50,7 @@ class RankProgress:
         self.committed = 0
         self.committed_at = 0.0
         self.commit_seconds: float | None = None  # how long the newest committed save took to write
+        self.save_stall: float | None = None  # how long the newest save held the training loop up
         self._intervals: deque[float] = deque(maxlen=WINDOW)
         self._first = True  # no step yet in this run
         self.first_step_at = 0.0  # when this run's first step was done (a recovery ends there)
@@ -85,6 +86,12 @@ class RankProgress:
         self.commit_seconds = seconds if seconds is not None else self.commit_seconds
         self._write()
 
+    def stalled(self, seconds: float) -> None:
+        """A save held the training loop up for `seconds` (its state gathered, staged or written): the
+        stall of the Young-Daly interval (the operator's status.checkpointInterval). Written with the
+        next step."""
+        self.save_stall = round(seconds, 4)
+
     def loaded(self, step: int) -> None:
         """The run resumed from the committed checkpoint `step`: the newest committed one."""
         if step > self.committed:
@@ -112,7 +119,7 @@ class RankProgress:
                   "iteration": self.iteration, "step": self.step, "stepAt": self.step_at,
                   "firstStepAt": self.first_step_at,
                   "stepSeconds": self.step_seconds, "ckpt": self.committed, "ckptAt": self.committed_at or None,
-                  "ckptSeconds": self.commit_seconds}
+                  "ckptSeconds": self.commit_seconds, "saveStallSeconds": self.save_stall}
         if self.tiers is not None:  # this rank's; every rank of a node holds about as much (FSDP)
             record["copies"] = {"memoryBytes": self.tiers.memory_bytes, "nodeBytes": self.tiers.node_bytes,
                                 "peerBytes": self.tiers.peer_bytes, "skipped": self.tiers.skipped[:MESSAGE_CHARS]}

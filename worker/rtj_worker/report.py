@@ -116,6 +116,7 @@ class Tracker:
         self.ckpt_at: float | None = None
         self.ckpt_seconds: float | None = None  # how long that checkpoint took to write
         self.copies: dict[str, Any] | None = None  # what a rank holds off the volume (rtj_worker.memstate)
+        self.save_stall: float | None = None  # how long the newest save held the training loop up
         self.closed_in_loop = 0.0  # in-loop seconds of the runs that ended
         self.restarts = {INPROCESS: 0, LAUNCHER: 0}
         self.causes: dict[str, int] = {}
@@ -206,6 +207,8 @@ class Tracker:
                 self.step_seconds = float(p["stepSeconds"])
             if isinstance(p.get("copies"), dict):
                 self.copies = p["copies"]
+            if p.get("saveStallSeconds") is not None:
+                self.save_stall = float(p["saveStallSeconds"])
             run, pid, at = self.run, int(p.get("pid") or 0), float(p.get("stepAt") or 0)
             if run is None or pid not in run.pids or at <= run.last_step_at or at < max(run.starts.values()):
                 return  # an earlier run's, or no step of this run yet
@@ -286,7 +289,7 @@ class Tracker:
             out: dict[str, Any] = {
                 "v": 1, "state": self.state, "step": self.step, "stepAt": _round(self.step_at),
                 "stepSeconds": _round(self.step_seconds, 4), "ckpt": self.ckpt, "ckptAt": _round(self.ckpt_at),
-                "ckptSeconds": _round(self.ckpt_seconds),
+                "ckptSeconds": _round(self.ckpt_seconds), "saveStallSeconds": _round(self.save_stall, 3),
                 "leader": bool(run and run.leader), "resumed": run.resumed if run else None,
                 "runSince": round(min(run.starts.values()), 2) if run and run.starts else None,
                 "inLoopSeconds": round(self.closed_in_loop + (run.in_loop() if run else 0.0), 2),

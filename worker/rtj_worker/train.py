@@ -355,9 +355,11 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
                     if stop.requested:  # ranks of nodes that were not signalled train on
                         stop.saved_and_exit(done, ckpt.committed_step)
                 elif done % args.checkpoint_interval == 0 or final:
+                    stalled = time.perf_counter()
                     state = train_state(model, opt)
                     with section("checkpointing"), atomic(call_wrapper):  # no restart may interrupt a save
-                        ckpt.save(done, state, skip_if_busy=not final)
+                        if ckpt.save(done, state, skip_if_busy=not final) and not final:
+                            progress.stalled(time.perf_counter() - stalled)  # the loop's cost of one save
             with section("checkpointing"):
                 ckpt.finalize()
             if ckpt.committed_step < args.steps:  # (more: resumed from a longer run's checkpoint)

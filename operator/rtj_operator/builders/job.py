@@ -49,7 +49,7 @@ def _as_list(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
+def _env(rtj: RTJ, attempt: int, interval: int | None) -> list[dict[str, Any]]:
     spec, res, ckpt = rtj.spec, rtj.spec["resiliency"], rtj.spec["checkpoint"]
     ipr = res["inProcessRestart"]
     port = res["rendezvousPort"]
@@ -72,7 +72,7 @@ def _env(rtj: RTJ, attempt: int) -> list[dict[str, Any]]:
         "RTJ_RDZV_ID": f"{rtj.uid or rtj.name}-{attempt}",
         "RTJ_RDZV_TIMEOUT": str(res["rendezvousTimeoutSeconds"]),
         "RTJ_CHECKPOINT_DIR": rtj.checkpoint_dir,
-        "RTJ_CHECKPOINT_INTERVAL": str(ckpt["intervalSteps"]),
+        "RTJ_CHECKPOINT_INTERVAL": str(interval or ckpt["intervalSteps"]),
         "RTJ_CHECKPOINT_ASYNC": "1" if ckpt["async"] else "0",
         "RTJ_CHECKPOINT_KEEP": str(ckpt["keep"]),
         "RTJ_FT_HEARTBEAT_TIMEOUT": str(res["heartbeatTimeoutSeconds"]),
@@ -184,7 +184,7 @@ def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
     return tolerations
 
 
-def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
+def _pod_spec(rtj: RTJ, attempt: int, interval: int | None) -> dict[str, Any]:
     spec, placement = rtj.spec, rtj.spec["placement"]
     node_selector = {"node.kubernetes.io/instance-type": placement["instanceType"],
                      **_as_dict(placement.get("nodeSelector"))}
@@ -193,7 +193,7 @@ def _pod_spec(rtj: RTJ, attempt: int) -> dict[str, Any]:
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
         "command": ["rtj-worker", "--", *spec["command"]],
-        "env": _env(rtj, attempt),
+        "env": _env(rtj, attempt, interval),
         "resources": _resources(rtj),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -279,8 +279,9 @@ def template_hash(job: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_job(rtj: RTJ, attempt: int = 1) -> dict[str, Any]:
-    """The gang of `attempt`: recreated (attempt + 1) only when the whole gang must restart."""
+def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None) -> dict[str, Any]:
+    """The gang of `attempt`: recreated (attempt + 1) only when the whole gang must restart. `interval`: the
+    checkpoint interval its pods were built with when not checkpoint.intervalSteps (policies/interval.py)."""
     pods = rtj.pods
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
@@ -307,7 +308,7 @@ def build_job(rtj: RTJ, attempt: int = 1) -> dict[str, Any]:
             "template": {
                 "metadata": pod_metadata(rtj, {**labels(rtj, "workers"), api.LABEL_ATTEMPT: str(attempt)},
                                          _template_annotations(rtj)),
-                "spec": _pod_spec(rtj, attempt),
+                "spec": _pod_spec(rtj, attempt, interval),
             },
         },
     }

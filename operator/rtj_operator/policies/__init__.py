@@ -6,4 +6,5 @@
 - placement: node exclusions, releasing gated pods, waiting for capacity
 - charging: who pays for each finding, restarts, budgets, the Job's verdict, the replacement back-off
 - phase: phase and conditions, live progress, the wait conditions
+- interval: the checkpoint interval from measurements (Young-Daly), applied at the next gang on request
 """

@@ -26,6 +26,7 @@ from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
 from ..spec import RTJ
 from ..world import World, owned_by
+from . import interval
 from .kueue import queued
 from .pods import coordinator_attempt, is_current, job_attempt
 
@@ -137,7 +138,6 @@ def ensure_job(d: Draft) -> None:
                     event=("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) "
                                                       f"for attempt {status.attempt}: {why}")))
         return
-    desired = build_job(rtj, status.attempt)
     if job is None:
         coordinator = d.world.coordinator
         if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp")
@@ -146,8 +146,9 @@ def ensure_job(d: Draft) -> None:
             return
         # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
         ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
-        _create(d, desired)
+        _create(d, build_job(rtj, status.attempt, interval.for_new_gang(d)))
         return
+    desired = build_job(rtj, status.attempt, interval.applied(rtj, status))
     annotations = job["metadata"].get("annotations") or {}
     have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
     if have is not None and have != want:

@@ -22,6 +22,7 @@ from ..conditions import (
     timestamp,
 )
 from ..draft import Draft
+from . import interval
 from .kueue import queued
 from .pods import is_current, job_nodes, running_ready
 
@@ -134,6 +135,8 @@ def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Fo
     ended = status.phase in TERMINAL and d.old.get("phase") != status.phase
     due = progress.update_progress(status, found, d.now, folded.changed, force=ended)
     progress.update_goodput(status, found, d.now)
+    stalls = [r.save_stall for r in found if r.save_stall is not None]
+    interval.update(d, max(stalls) if stalls else None)
     last = status.last_recovery or {}
     if folded.new.get(last.get("tier", "")) and last.get("seconds") is not None:
         tier, seconds = last["tier"], float(last["seconds"])
