@@ -264,6 +264,9 @@ def test_exception_is_recovered_in_process(run: Run, clean_result: dict[str, Any
     assert len(first) == 4 and len(second) == 4, starts
     assert _same_processes(first, second)  # the Wrapper restarted the loop in the same processes
     assert {e["step"] for e in second} == {20}  # newest complete checkpoint before step 25
+    # Issue 31: restored from the ranks' own memory, not the volume, and the status says so.
+    assert {e["source"] for e in second} == {"memory"}, second
+    assert status["lastRecovery"]["restoredFrom"] == "memory", status["lastRecovery"]
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in run.job.pods()} == uids
     assert counters(status) == before and in_pod(status) == {"InProcess": 1, "Launcher": 0}, \
         f"{status}\n{run.recoveries()}"
@@ -284,6 +287,7 @@ def test_sigkill_is_recovered_by_ft_launcher_in_the_same_pod(run: Run, clean_res
     # ft_launcher respawned every rank (new processes; the survivors may have restarted in process first)
     assert not {e["pid"] for e in last.values()} & {e["pid"] for e in first}, starts
     assert {e["step"] for e in starts if e["t"] > fault["t"]} == {20}
+    assert {e["source"] for e in last.values()} == {"node"}, last  # respawned ranks: their node's /dev/shm
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in run.job.pods()} == uids
     assert counters(status) == before and in_pod(status)["Launcher"] == 1, f"{status}\n{run.recoveries()}"
     assert same_weights(run.result(), clean_result)
@@ -343,6 +347,10 @@ def test_node_loss_replaces_only_that_pod(run: Run, agents: AgentNodes, clean_re
     assert in_pod(status) == {"InProcess": 0, "Launcher": 0}, f"{status}\n{run.recoveries()}"
     resumed = [e for e in run.starts() if e["t"] > lost_at]
     assert len(resumed) == 4 and {e["step"] for e in resumed} == {20}, resumed
+    # The survivor kept its slot and restored from its node; the replacement fetched its ranks' copies from
+    # the survivor (the next node in the ring held them): no rank read the volume.
+    assert {e["host"]: e["source"] for e in resumed} == {kept_pod["spec"]["hostname"]: "node",
+                                                        lost_pod["spec"]["hostname"]: "peer"}, resumed
     assert same_weights(run.result(), clean_result)
     print(f"node loss: recovered in {min(e['t'] for e in resumed) - lost_at:.1f}s "
           f"(lastRecoverySeconds {status.get('lastRecoverySeconds')})")
@@ -372,6 +380,8 @@ def test_node_loss_with_a_spare_is_recovered_in_job_before_any_replacement_exist
                         and p["spec"].get("hostname") == lost["spec"]["hostname"]]
         # Training resumed in-job: the standby's ranks joined and no replacement pod runs.
         assert standby in {e["host"] for e in resumed} and {e["step"] for e in resumed} == {20}, resumed
+        assert {e["source"] for e in resumed if e["host"] == standby} == {"peer"}, resumed  # its slot's copies
+        assert {e["source"] for e in resumed if e["host"] != standby} == {"node"}, resumed
         assert not [p for p in replacements if p["status"].get("phase") == "Running"], replacements
         status = run.wait_done(timeout=200)
     finally:

@@ -62,3 +62,16 @@ def test_a_key_gone_from_a_nested_object_is_removed_by_the_merge_patch():
     old = {"recovery": {"seenPods": ["u"], "pendingGangRestart": "SpecChanged"}, "attempt": 2}
     new = {"recovery": {"seenPods": ["u", "v"]}, "attempt": 2}
     assert status_patch(old, new) == {"recovery": {"seenPods": ["u", "v"], "pendingGangRestart": None}}
+
+
+def test_the_nested_fields_of_issue_31_are_declared():
+    """Pruned by the API server otherwise: the status would differ from what the pass wrote on every pass."""
+    from rtj_operator import progress
+    from rtj_operator.policies import interval
+
+    props = api.STATUS_SCHEMA["properties"]
+    written = {**interval.suggest(100, 1.0, 1, 600.0, 0.5, 10.0), "policy": "YoungDaly", "appliedSteps": 100}
+    assert set(written) == set(props["checkpointInterval"]["properties"])
+    copies = progress._copies({"memoryBytes": 1, "nodeBytes": 2, "peerBytes": 3, "skipped": "x"})
+    assert set(copies or {}) == set(props["progress"]["properties"]["stateCopies"]["properties"])
+    assert {"restoredFrom", "restoreSeconds"} <= set(props["lastRecovery"]["properties"])
