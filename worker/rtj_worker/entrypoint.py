@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from . import exit_codes, progress, requirements, stop
-from .ckpt_index import finished, latest_step
+from .ckpt_index import finished, latest_iteration, latest_step
 from .crashloop import CrashLoop
 from .launch import (
     GROUP_FINISHED_LINE,
@@ -120,7 +120,8 @@ def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = T
     rate limit may not have published yet; with `lines`, the last lines of a rank's traceback, newest
     kept (the termination message holds 4096 bytes: all fit)."""
     report: dict[str, Any] = {"exitCode": code, "reason": reason[:MAX_REASON_CHARS],
-                              "checkpointStep": latest_step(Path(checkpoint_dir), uid)}
+                              "checkpointStep": max(latest_step(Path(checkpoint_dir), uid),
+                                                    latest_iteration(Path(checkpoint_dir)))}
     if progress is not None:
         report["progress"] = progress
     kept: list[str] = []
@@ -325,7 +326,7 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
     if shutdown.signum is not None:
         return stopped(cfg.checkpoint_dir, "before ft_launcher was started")
     # The pod's one writer of its progress: what its ranks and its launcher say, coalesced.
-    tracker = Tracker(state_dir)
+    tracker = Tracker(state_dir, checkpoint_dir=Path(cfg.checkpoint_dir))
     reporter = PodReporter(tracker, sink_from_env(env)).start()
     log.info("starting: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env, start_new_session=True, stdout=subprocess.PIPE,

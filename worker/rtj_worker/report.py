@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .ckpt_index import ITERATION_FILE, latest_iteration
 from .progress import SOURCES, EventTail, read_progress
 
 log = logging.getLogger("rtj_worker.report")
@@ -103,8 +104,12 @@ class Run:
 
 
 class Tracker:
-    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time):
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time, checkpoint_dir: Path | None = None):
         self.state_dir, self.clock = state_dir, clock
+        # Where a script that does not use rtj_worker.progress says its newest checkpoint: Megatron-LM,
+        # NeMo and NVRx write <save dir>/latest_checkpointed_iteration.txt (the reference trainer too).
+        self._iteration_file = checkpoint_dir / ITERATION_FILE if checkpoint_dir is not None else None
+        self._iteration_seen: float | None = None
         self._tail = EventTail(state_dir)
         self.state = WAITING
         self.run: Run | None = None
@@ -153,8 +158,26 @@ class Tracker:
         with self._poll_lock:
             events = self._tail.read()
             progress = read_progress(self.state_dir)
+            iteration = self._read_iteration()
             with self._lock:
                 self._fold(events, progress)
+                if iteration is not None and iteration[0] > (self.ckpt or 0):
+                    self.ckpt, self.ckpt_at = iteration
+
+    def _read_iteration(self) -> tuple[int, float] | None:
+        """The step in latest_checkpointed_iteration.txt and when it was written, when it changed since the
+        last read (one stat per poll); None otherwise, or when it holds no step ("release", empty)."""
+        if self._iteration_file is None:
+            return None
+        try:
+            mtime = self._iteration_file.stat().st_mtime
+        except OSError:
+            return None
+        if mtime == self._iteration_seen:
+            return None
+        self._iteration_seen = mtime
+        step = latest_iteration(self._iteration_file.parent)
+        return (step, mtime) if step > 0 else None
 
     def _fold(self, events: list[dict[str, Any]], progress: dict[str, Any] | None) -> None:
         """Under the lock: the ranks' events and their newest progress record."""
