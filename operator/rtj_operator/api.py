@@ -33,6 +33,8 @@ ANNOTATION_LEGACY_SPEC_HASH = f"{GROUP}/spec-hash"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 # On the Job: how many of its pods train (the rest are spares).
 ANNOTATION_NODES = f"{GROUP}/nodes"
+# The checkpoint interval a Job's pods were built with when not checkpoint.intervalSteps (policies/interval.py).
+ANNOTATION_CHECKPOINT_INTERVAL = f"{GROUP}/checkpoint-interval"
 # On worker pods: held back from the scheduler until the operator has applied the job's node exclusions
 # (status.excludedNodes) to the pod's node affinity; only this gate is the operator's.
 SCHEDULING_GATE = f"{GROUP}/placement"

@@ -23,7 +23,6 @@ from .kube import Kube, KubeError
 from .policies import interval
 from .policies.pods import addressed_coordinator, gated
 from .spec import RTJ
-from .status import Status
 from .stores import Stores
 
 # A pre-flight check of the storage (fsx.py): (ok, reason, message). It runs only before the Job exists.
@@ -237,7 +236,7 @@ def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
             return None
     except (TypeError, ValueError):
         return None
-    desired = build_job(rtj, attempt, interval.applied(rtj, Status.from_dict(world.rtj.get("status"))))
+    desired = build_job(rtj, attempt, interval.applied(rtj, job))
     have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
     if have is None or have == template_hash(desired):
         return None  # unchanged, or an earlier operator's Job, adopted as it is (policies/children.ensure_job)

@@ -62,11 +62,13 @@ def test_the_running_gang_keeps_its_interval_when_the_suggestion_moves():
     from rtj_operator.spec import RTJ
 
     w.world.job = owned(build_job(RTJ.from_body(w.body), 1, 268), w.body, "job-uid")
-    w.status(checkpointInterval={"configuredSteps": 100, "suggestedSteps": 300, "appliedSteps": 268})
+    # The status lost what the gang was built with (its write refused after the create): the Job says it.
+    w.status(checkpointInterval={"configuredSteps": 100, "suggestedSteps": 300, "appliedSteps": 100})
     intent = w.run()
     assert intent.status.attempt == 1 and "RecreatingGang" not in [e.reason for e in intent.events]
     assert (CREATE, "Job") not in verbs(intent)
     assert intent.status.checkpoint_interval["appliedSteps"] == 268
+    assert interval_env(w.world.job) == "268"
 
 
 def test_the_status_shows_the_measured_stall_and_failures_beside_the_configured_interval():

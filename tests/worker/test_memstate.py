@@ -200,7 +200,7 @@ def _rank_main(scenario: str, rank: int, port: int, root: str) -> None:
             model_sd, optim_sd = get_state_dict(model, opt)
             ckpt.save(step, {"model": model_sd, "optim": optim_sd})
         ckpt.finalize()
-        ckpt._exchange.shutdown(wait=True)  # the peer copies of the last commit are on their nodes
+        ckpt._exchange.join()  # the peer copies of the last commit are on their nodes
         out["checksum"] = [float(p.full_tensor().double().abs().sum()) for p in model.parameters()]
     else:  # "restore": new processes; node 1's pod was replaced (a fresh /dev/shm), or its copies damaged
         reads = []

@@ -225,7 +225,7 @@ class Checkpointer:
         if tiers is not None:
             tiers.local_world = local_world
         self.peer_group: dist.ProcessGroup | None = None  # the peer copies' exchange (its own thread)
-        self._exchange: concurrent.futures.ThreadPoolExecutor | None = None
+        self._exchange: threading.Thread | None = None  # the newest exchange (each waits for the one before)
         self.restored_from = memstate.VOLUME  # where the newest load's state came from
         self.restore_seconds = 0.0
 
@@ -248,15 +248,12 @@ class Checkpointer:
             self._stop_exchange()
             if self.tiers.node_dir is not None and self._partner() is not None:
                 self.peer_group = dist.new_group(backend="gloo", timeout=timeout)
-                self._exchange = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-peer-copy")
 
     def _partner(self) -> int | None:
         return memstate.partner(self.rank, self.world_size, self.local_world) if self.tiers is not None else None
 
     def _stop_exchange(self) -> None:
-        """The previous group's exchange thread: left to fail with its group (never waited for)."""
-        if self._exchange is not None:
-            self._exchange.shutdown(wait=False, cancel_futures=True)
+        """The previous group's exchange threads: left to fail with their group (daemons, never waited for)."""
         self._exchange, self.peer_group = None, None
 
     def _writer(self, path: Path) -> dcp.FileSystemWriter:
@@ -422,8 +419,11 @@ class Checkpointer:
             self.committed_step = step
             if self.tiers is not None:
                 self.tiers.committed_step(step)
-                if self._exchange is not None:
-                    self._exchange.submit(self._send_to_peer, step, self.peer_group)
+                if self.peer_group is not None:  # every rank, in commit order: each waits for the one before
+                    before = self._exchange
+                    self._exchange = threading.Thread(target=self._send_to_peer, args=(step, self.peer_group, before),
+                                                      name="rtj-peer-copy", daemon=True)
+                    self._exchange.start()
             started = self._save_started.pop(step, None)
             self.write_seconds = round(time.monotonic() - started, 3) if started is not None else None
             if self.on_commit is not None:
@@ -481,16 +481,25 @@ class Checkpointer:
             bound = candidate
 
     # --- copies off the volume (memstate) ---------------------------------------------------------------
-    def _send_to_peer(self, step: int, group: dist.ProcessGroup | None) -> None:
-        """In the exchange thread, after `step` committed (every rank, in commit order): send this rank's
-        node file to its partner, and keep the one its predecessor sends. Sizes first (0: no copy)."""
+    def _send_to_peer(self, step: int, group: dist.ProcessGroup | None, before: threading.Thread | None) -> None:
+        """In an exchange thread, after `step` committed (every rank, in commit order): send this rank's
+        node file to its partner, and keep the one its predecessor sends. Sizes first (0: no copy). Every
+        rank swaps whatever happens to its own file: a rank that skipped its turn would leave its partner
+        waiting for the group's timeout."""
         tiers, partner = self.tiers, self._partner()
         if tiers is None or partner is None or group is None:
             return
+        if before is not None:
+            before.join()
         source = (self.rank - self.local_world) % self.world_size
+        data = b""
         try:
             path = tiers.own_file()  # the newest committed step's (a later commit may have replaced it)
-            received = _swap(path.read_bytes() if path is not None else b"", partner, source, group)
+            data = path.read_bytes() if path is not None else b""
+        except OSError as exc:
+            log.warning("rank %d: step %d's node copy does not read (%s): its peer gets none", self.rank, step, exc)
+        try:
+            received = _swap(data, partner, source, group)
             tiers.hold(source, received or None)
         except Exception as exc:  # a peer gone, the group destroyed: the next commit tries again
             log.warning("rank %d: step %d's copy not exchanged with its peers: %s", self.rank, step, exc)
@@ -513,8 +522,10 @@ class Checkpointer:
         source, copy, ok = own[0] if own is not None else memstate.PEER, own[1] if own is not None else None, 1
         try:
             send_to = [r for r, s in plan.items() if s == self.rank]
-            path = self.tiers.held_file() if send_to else None
-            outgoing = path.read_bytes() if path is not None else b""
+            outgoing = b""
+            with contextlib.suppress(OSError):  # sent empty: its receiver fails, and every rank reads the volume
+                path = self.tiers.held_file() if send_to else None
+                outgoing = path.read_bytes() if path is not None else b""
             if send_to or self.rank in plan:
                 received = waits.call(lambda: _swap(outgoing, send_to[0] if send_to else None, plan.get(self.rank),
                                                     self.io_group), self.io_timeout, "a copy from a peer")

@@ -231,7 +231,9 @@ class Tiers:
         local_world = max(1, int(env.get("LOCAL_WORLD_SIZE") or 1))
         budget = int(env.get("RTJ_STATE_COPIES_BYTES_PER_NODE") or DEFAULT_COPIES_BYTES_PER_NODE) // local_world
         node = env.get("RTJ_NODE_TIER_DIR", DEFAULT_NODE_DIR)
-        return cls(rank, world, uid, budget, Path(node) / (uid or "local") if node else None, local_world)
+        tiers = cls(rank, world, uid, budget, Path(node) / (uid or "local") if node else None, local_world)
+        tiers.clean()
+        return tiers
 
     @property
     def memory_bytes(self) -> int:
@@ -240,7 +242,21 @@ class Tiers:
     @property
     def node_bytes(self) -> int:
         path = self._file(OWN, self.rank)
-        return path.stat().st_size if path is not None and path.exists() else 0
+        try:  # read at every step (the progress report): the writer may be replacing it
+            return path.stat().st_size if path is not None else 0
+        except OSError:
+            return 0
+
+    def clean(self) -> None:
+        """Remove what a process of this rank killed in the middle of a write left behind (a temporary
+        file of a full copy's size, in memory that counts against the pod)."""
+        if self.node_dir is None or not self.node_dir.is_dir():
+            return
+        source = (self.rank - self.local_world) % self.world if self.world else self.rank
+        for pattern in (f".{OWN}-rank-{self.rank}.pt.*", f".{HELD}-rank-{source}.pt.*"):
+            for tmp in self.node_dir.glob(pattern):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
 
     def _file(self, kind: str, rank: int) -> Path | None:
         return self.node_dir / f"{kind}-rank-{rank}.pt" if self.node_dir is not None else None
@@ -286,9 +302,9 @@ class Tiers:
             self.committed = copy
         if self.node_dir is not None:
             self.wait_written()
-            self._writer = threading.Thread(target=self._write_node, args=(copy,), name="rtj-memstate-node",
-                                            daemon=True)
-            self._writer.start()
+            writer = threading.Thread(target=self._write_node, args=(copy,), name="rtj-memstate-node", daemon=True)
+            writer.start()  # started before it is published: wait_written() may join it from another thread
+            self._writer = writer
 
     def _write_node(self, copy: Copy) -> None:
         assert self.node_dir is not None
@@ -303,8 +319,11 @@ class Tiers:
             return
         try:
             write_copy(self.node_dir, OWN, copy)
-        except OSError as exc:
+        except Exception as exc:  # torch.save reports a full volume as a RuntimeError
             self.skipped = f"step {copy.step}: not written to {self.node_dir}: {exc}"
+            with contextlib.suppress(OSError):  # an older step's copy must not stay as if it were this one
+                assert own is not None
+                own.unlink()
 
     def wait_written(self, timeout: float | None = None) -> None:
         if self._writer is not None:
@@ -354,17 +373,25 @@ class Tiers:
         if self.node_dir is None:
             return
         target = self.node_dir / f"{HELD}-rank-{rank}.pt"
-        with contextlib.suppress(FileNotFoundError):
-            target.unlink()
         self.peer_bytes = 0
         if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
             return
-        if len(data) + (64 << 10) > shm_free(self.node_dir):
+        held = target.stat().st_size if target.exists() else 0
+        if len(data) + (64 << 10) > shm_free(self.node_dir) + held:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
             self.skipped = f"the peer copy of rank {rank} ({len(data)} bytes) does not fit in {self.node_dir}"
             return
         tmp = target.with_name(f".{target.name}.{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        try:
+            self.node_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, target)  # replaced whole: a reader sees the old copy or the new one
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
         self.peer_bytes = len(data)
 
 

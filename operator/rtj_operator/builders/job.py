@@ -312,6 +312,8 @@ def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None) -> dict[s
             },
         },
     }
+    if interval:
+        job["metadata"]["annotations"][api.ANNOTATION_CHECKPOINT_INTERVAL] = str(interval)
     if rtj.spares:
         # N exits 0 end the job: the entrypoint exits 0 only once training finished, so a lost index
         # whose replacement never got a node (the spare took its ranks) does not hold the Job open; the

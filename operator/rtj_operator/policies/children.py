@@ -148,7 +148,7 @@ def ensure_job(d: Draft) -> None:
         ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
         _create(d, build_job(rtj, status.attempt, interval.for_new_gang(d)))
         return
-    desired = build_job(rtj, status.attempt, interval.applied(rtj, status))
+    desired = build_job(rtj, status.attempt, interval.applied(rtj, job))
     annotations = job["metadata"].get("annotations") or {}
     have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
     if have is not None and have != want:

@@ -9,9 +9,10 @@ loss does: each one rolls back to the last committed step). Meta reports M = 7.9
 save due while the previous one is still being written is skipped, so a shorter one saves nothing more.
 
 The pods' checkpoint interval is part of their template, so a new value can only reach a new gang
-(status.attempt): the value a gang was built with is recorded in status (appliedSteps) when its Job is
+(status.attempt): the value a gang was built with is recorded on its Job (an annotation) when it is
 created, and every later pass builds that gang's template with it, so that it is never seen as a spec
-change. With the Fixed policy (the default) appliedSteps is always intervalSteps.
+change; status.checkpointInterval.appliedSteps shows it. With the Fixed policy (the default) it is
+always intervalSteps, and Jobs carry no annotation.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import api
 from ..spec import RTJ
-from ..status import Status
 
 if TYPE_CHECKING:  # world.py imports this module, and draft.py imports world.py
     from ..draft import Draft
@@ -52,17 +52,23 @@ def suggest(configured: int, stall: float | None, failures: int, wall: float | N
     return out
 
 
-def applied(rtj: RTJ, status: Status) -> int | None:
-    """The interval the current gang's pods were built with, when it is not intervalSteps (None: it is)."""
-    steps = (status.checkpoint_interval or {}).get("appliedSteps")
-    if rtj.spec["checkpoint"]["intervalPolicy"] != YOUNG_DALY or not isinstance(steps, int) or steps < 1:
+def applied(rtj: RTJ, job: dict[str, Any] | None) -> int | None:
+    """The interval `job`'s pods were built with, when it is not intervalSteps (None: it is), from the Job
+    itself (its annotation), so that its template is rebuilt alike whatever the status says (a status write
+    lost after the create included)."""
+    value = ((job or {}).get("metadata", {}).get("annotations") or {}).get(api.ANNOTATION_CHECKPOINT_INTERVAL)
+    try:
+        steps = int(value) if value is not None else None
+    except ValueError:
+        return None
+    if rtj.spec["checkpoint"]["intervalPolicy"] != YOUNG_DALY or steps is None or steps < 1:
         return None
     return steps if steps != rtj.spec["checkpoint"]["intervalSteps"] else None
 
 
 def for_new_gang(d: Draft) -> int | None:
-    """The interval a gang about to be created gets, recorded in status before its Job is created (the same
-    status write); None: intervalSteps."""
+    """The interval a gang about to be created gets (None: intervalSteps); the Job carries it (applied),
+    status.checkpointInterval.appliedSteps shows it."""
     configured = d.rtj.spec["checkpoint"]["intervalSteps"]
     current = dict(d.status.checkpoint_interval or {})
     steps = configured
@@ -82,6 +88,9 @@ def update(d: Draft, save_stall: float | None) -> None:
     new = suggest(ckpt["intervalSteps"], stall, int(status.restarts), goodput.get("wallSeconds"),
                   progress.get("stepSeconds"), progress.get("checkpointWriteSeconds"))
     new["policy"] = ckpt["intervalPolicy"]
-    if "appliedSteps" in old:
+    job = d.world.job
+    if job is not None:  # what the running gang saves at
+        new["appliedSteps"] = applied(d.rtj, job) or ckpt["intervalSteps"]
+    elif "appliedSteps" in old:
         new["appliedSteps"] = old["appliedSteps"]
     status.checkpoint_interval = new
