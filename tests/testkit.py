@@ -6,7 +6,9 @@ tests/unit/test_tiers.py checks that the unit tier stays free of the local contr
 from __future__ import annotations
 
 import copy
+import json
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,6 +57,23 @@ def wait_until(check: Callable[[], Any], timeout: float = 30.0, what: str = "con
 
 def load_yaml(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
+
+
+def rank_results(procs: list[subprocess.Popen[str]], timeout: float = 180) -> list[dict[str, Any]]:
+    """What each rank process printed last as `RESULT <json>`, once all have exited 0 (killed past
+    `timeout`); a rank that did not fails the test with its output."""
+    try:
+        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    results = []
+    for rank, (proc, text) in enumerate(zip(procs, outputs, strict=True)):
+        lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"rank {rank} exited {proc.returncode}:\n{text[-4000:]}"
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    return results
 
 
 def free_port() -> int:

@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rtj_worker import progress as worker_progress
+
 from . import api, ladder
 from .conditions import parse_time, timestamp
 from .status import Status
@@ -106,6 +108,7 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
                 "rolledBack": _int(last.get("rolledBack")), **_restore(last)}
         if last["tier"] is None or last["at"] is None:
             last = None
+    restore = _restore(data)
     return Report(
         pod=meta["name"], uid=meta.get("uid", meta["name"]), at=_num(data.get("at")) or 0.0,
         state=_word(data.get("state"), 16), step=_int(data.get("step")), step_at=_num(data.get("stepAt")),
@@ -114,7 +117,7 @@ def _parse(text: Any, pod: dict[str, Any]) -> Report | None:
         leader=data.get("leader") is True, resumed=_int(data.get("resumed")), run_since=_num(data.get("runSince")),
         in_loop_seconds=_num(data.get("inLoopSeconds")) or 0.0,
         restarts={t: _int(restarts.get(t)) or 0 for t in ladder.IN_JOB_TIERS}, causes=causes, last=last,
-        restored_from=_restore(data).get("restoredFrom"), restore_seconds=_restore(data).get("restoreSeconds"),
+        restored_from=restore.get("restoredFrom"), restore_seconds=restore.get("restoreSeconds"),
         copies=_copies(data.get("copies")), save_stall=_num(data.get("saveStallSeconds")))
 
 
@@ -356,7 +359,7 @@ def rolled_back(status: Status, found: list[Report]) -> None:
         since = when.timestamp() if when is not None else 0.0
         restored = [r for r in found if r.restored_from and r.state == "Training" and (r.run_since or 0) >= since]
         if restored:  # the slowest pod's source: a restore is all ranks from memory or none
-            slowest = max(restored, key=lambda r: api.STATE_SOURCES.index(r.restored_from or "volume"))
-            last["restoredFrom"] = slowest.restored_from
-            if slowest.restore_seconds is not None:
+            source = worker_progress.slowest(*(r.restored_from for r in restored))
+            last["restoredFrom"] = source
+            if next(r for r in restored if r.restored_from == source).restore_seconds is not None:
                 last["restoreSeconds"] = round(max(r.restore_seconds or 0.0 for r in restored), 2)

@@ -198,15 +198,19 @@ def test_a_finished_jobs_pods_are_counted_from_their_termination_messages():
     assert st.goodput["infrastructure"] == pytest.approx(500 / 600, abs=0.01)
 
 
+def replacing_a_pod() -> W:
+    """The operator replaced a pod lost at step 128 (40 s ago); both pods reported before the fault."""
+    return world(report(step=130, leader=True, runSince=T - 500), report(step=130, resumed=120, runSince=T - 500),
+                 startTime=ts(600), restartStartedTime=ts(40), restarts=1, disruptions=1,
+                 restartsByTier={"InProcess": 0, "Launcher": 0, "ReplacePod": 1, "GangRestart": 0},
+                 lastFailureReason="NodeLost", lastFailureMessage="node n1 lost",
+                 conditions=[{"type": "Restarting", "status": "True", "reason": "ReplacePod", "message": "",
+                              "lastTransitionTime": ts(40)}],
+                 recovery={"stepAtFault": 128})
+
+
 def test_an_operator_recovery_learns_its_rolled_back_steps_from_the_new_pods():
-    w = world(report(step=130, leader=True, runSince=T - 500), report(step=130, resumed=120, runSince=T - 500),
-              startTime=ts(600),
-              restartStartedTime=ts(40), restarts=1, disruptions=1,
-              restartsByTier={"InProcess": 0, "Launcher": 0, "ReplacePod": 1, "GangRestart": 0},
-              lastFailureReason="NodeLost", lastFailureMessage="node n1 lost",
-              conditions=[{"type": "Restarting", "status": "True", "reason": "ReplacePod", "message": "",
-                           "lastTransitionTime": ts(40)}],
-              recovery={"stepAtFault": 128})
+    w = replacing_a_pod()
     intent = w.run()
     last = intent.status.last_recovery
     assert last["tier"] == "ReplacePod" and last["reason"] == "NodeLost" and last["seconds"] == 40
@@ -250,13 +254,7 @@ def test_a_source_that_is_not_one_of_the_tiers_is_left_out(source):
 
 
 def test_an_operator_recovery_learns_where_the_new_pods_restored_from_their_slowest():
-    w = world(report(step=130, leader=True, runSince=T - 500), report(step=130, resumed=120, runSince=T - 500),
-              startTime=ts(600), restartStartedTime=ts(40), restarts=1, disruptions=1,
-              restartsByTier={"InProcess": 0, "Launcher": 0, "ReplacePod": 1, "GangRestart": 0},
-              lastFailureReason="NodeLost", lastFailureMessage="node n1 lost",
-              conditions=[{"type": "Restarting", "status": "True", "reason": "ReplacePod", "message": "",
-                           "lastTransitionTime": ts(40)}],
-              recovery={"stepAtFault": 128})
+    w = replacing_a_pod()
     intent = w.run()
     w.world.pods[0] = reporting(pod(0), report(step=121, resumed=120, at=2.0, runSince=T - 10, leader=True,
                                                restoredFrom="node", restoreSeconds=0.2))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rtj_worker import checkpoint, ckpt_index
 from rtj_worker.checkpoint import Checkpointer, agree_min, collective_device
 from rtj_worker.ckpt_index import MARKER, complete_steps, step_dir
-from testkit import free_port, wait_until
+from testkit import free_port, rank_results, wait_until
 
 
 @pytest.fixture
@@ -411,18 +411,7 @@ def start_ranks(tmp_path: Path, name: str, gate_open: bool = False) -> list[subp
 def two_ranks(tmp_path: Path, name: str, gate_open: bool = False, timeout: float = 180) -> list[dict[str, Any]]:
     """Run scenario `name` on two ranks; their results."""
     procs = start_ranks(tmp_path, name, gate_open)
-    try:
-        outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    results = []
-    for rank, (proc, text) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, f"rank {rank} exited {proc.returncode}:\n{text[-4000:]}"
-        results.append(json.loads(lines[-1][len("RESULT "):]))
-    return results
+    return rank_results(procs, timeout)
 
 
 def loaded_w(root: Path) -> tuple[int, list[float]]:

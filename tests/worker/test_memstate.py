@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from rtj_worker import checkpoint, memstate
 from rtj_worker.checkpoint import Checkpointer
-from testkit import free_port
+from testkit import free_port, rank_results
 
 MiB = 1 << 20
 
@@ -227,18 +227,7 @@ def four_ranks(tmp_path: Path, scenario: str) -> list[dict[str, Any]]:
     procs = [subprocess.Popen([sys.executable, __file__, scenario, str(rank), str(port), str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for rank in range(4)]
-    try:
-        outputs = [proc.communicate(timeout=180)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    results = []
-    for rank, (proc, text) in enumerate(zip(procs, outputs, strict=True)):
-        lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, f"rank {rank} exited {proc.returncode}:\n{text[-4000:]}"
-        results.append(json.loads(lines[-1][len("RESULT "):]))
-    return results
+    return rank_results(procs)
 
 
 def test_a_replaced_node_fetches_its_ranks_copies_from_its_peer_and_the_volume_is_not_read(tmp_path):

@@ -445,10 +445,11 @@ class Checkpointer:
             if candidate == 0:
                 self.committed_step = 0
                 return 0
-            if agree_min(int(candidate in mine), self.group) and self._restore_copies(candidate, state):
+            everywhere = agree_min(int(candidate in mine), self.group)
+            if everywhere and self._restore_copies(candidate, state):
                 return candidate
-            if agree_min(int(candidate in mine), self.group):
-                self._load_started = time.monotonic()
+            if everywhere:
+                started = time.monotonic()
                 ok = LOADED
                 try:  # minutes for real-size state: in a thread, waited for in polls (waits.py)
                     waits.call(lambda c=candidate: dcp.load(state, checkpoint_id=step_dir(self.root, c),
@@ -463,7 +464,7 @@ class Checkpointer:
                 outcome = agree_min(ok, self.group)
                 if outcome == LOADED:
                     self.committed_step = candidate
-                    self.restore_seconds = round(time.monotonic() - self._load_started, 3)
+                    self.restore_seconds = round(time.monotonic() - started, 3)
                     return candidate
                 if outcome == TIMED_OUT:
                     # Slow storage, not a damaged step: marking it unloadable would lose it for good (seen
@@ -491,7 +492,7 @@ class Checkpointer:
             return
         if before is not None:
             before.join()
-        source = (self.rank - self.local_world) % self.world_size
+        source = memstate.predecessor(self.rank, self.world_size, self.local_world)
         data = b""
         try:
             path = tiers.own_file()  # the newest committed step's (a later commit may have replaced it)
@@ -519,7 +520,8 @@ class Checkpointer:
         plan = memstate.plan_restore([bool(g[0]) for g in gathered], [int(g[1]) for g in gathered])
         if plan is None:
             return False
-        source, copy, ok = own[0] if own is not None else memstate.PEER, own[1] if own is not None else None, 1
+        source, copy = own if own is not None else (memstate.PEER, None)
+        ok = 1
         try:
             send_to = [r for r, s in plan.items() if s == self.rank]
             outgoing = b""
@@ -550,22 +552,17 @@ def _swap(data: bytes, to: int | None, source: int | None, group: dist.ProcessGr
     """Send `data` to rank `to` and receive from rank `source` (either may be None), over `group`'s
     point-to-point links: the size, then the bytes. Gloo completes a send or a receive only inside its
     wait() (bounded by the group's timeout), so this blocks: the main thread calls it through waits.call."""
-    sends, size = [], torch.tensor([len(data)], dtype=torch.int64)
-    incoming = torch.zeros(1, dtype=torch.int64)
-    ops = []
-    if to is not None:
-        ops.append(dist.P2POp(dist.isend, size, to, group))
-    if source is not None:
-        ops.append(dist.P2POp(dist.irecv, incoming, source, group))
-    for handle in dist.batch_isend_irecv(ops) if ops else []:
-        handle.wait()
-    payload = torch.empty(int(incoming.item()) if source is not None else 0, dtype=torch.uint8)
-    ops = []
-    if to is not None and data:
-        sends.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        ops.append(dist.P2POp(dist.isend, sends[-1], to, group))
-    if source is not None and payload.numel():
-        ops.append(dist.P2POp(dist.irecv, payload, source, group))
-    for handle in dist.batch_isend_irecv(ops) if ops else []:
-        handle.wait()
-    return payload.numpy().tobytes() if payload.numel() else b""
+
+    def both(send: torch.Tensor | None, recv: torch.Tensor | None) -> None:
+        ops = [dist.P2POp(dist.isend, send, to, group)] if send is not None else []
+        ops += [dist.P2POp(dist.irecv, recv, source, group)] if recv is not None else []
+        for handle in dist.batch_isend_irecv(ops) if ops else []:
+            handle.wait()
+
+    size = torch.zeros(1, dtype=torch.int64)
+    both(torch.tensor([len(data)], dtype=torch.int64) if to is not None else None,
+         size if source is not None else None)
+    payload = torch.empty(int(size.item()) if source is not None else 0, dtype=torch.uint8)
+    both(torch.frombuffer(bytearray(data), dtype=torch.uint8) if to is not None and data else None,
+         payload if payload.numel() else None)
+    return payload.numpy().tobytes()

@@ -27,6 +27,7 @@ of /dev/shm; a copy that does not fit is not made, which the pod reports (`skipp
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -85,7 +86,8 @@ def crc_of(tensors: dict[str, torch.Tensor], rest: dict[str, Any]) -> int:
 
 def local_bytes(state: dict[str, Any]) -> int:
     """What a copy of this rank's part of `state` takes."""
-    return sum(_local(v).numel() * _local(v).element_size() for _, v in _walk(state) if isinstance(v, torch.Tensor))
+    shards = (_local(v) for _, v in _walk(state) if isinstance(v, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in shards)
 
 
 @dataclass
@@ -170,8 +172,6 @@ def write_copy(directory: Path, kind: str, copy: Copy) -> Path:
 def read_copy(source: Path | bytes) -> Copy | None:
     """The copy in a node file (a path, or its bytes received from a peer) if it is whole and its CRC
     matches; None otherwise (logged)."""
-    import io
-
     try:
         data = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu",
                           weights_only=True)
@@ -214,6 +214,7 @@ class Tiers:
     committed: Copy | None = None  # the newest committed step's
     pending: Copy | None = None  # the step being saved
     skipped: str = ""  # why the newest copy was not made (reported by the pod)
+    node_bytes: int = 0  # the size of this rank's node file, as its writer left it
     peer_bytes: int = 0
     _writer: threading.Thread | None = None
     _sealer: threading.Thread | None = None
@@ -239,24 +240,19 @@ class Tiers:
     def memory_bytes(self) -> int:
         return sum(c.nbytes for c in (self.committed, self.pending) if c is not None)
 
-    @property
-    def node_bytes(self) -> int:
-        path = self._file(OWN, self.rank)
-        try:  # read at every step (the progress report): the writer may be replacing it
-            return path.stat().st_size if path is not None else 0
-        except OSError:
-            return 0
-
     def clean(self) -> None:
-        """Remove what a process of this rank killed in the middle of a write left behind (a temporary
-        file of a full copy's size, in memory that counts against the pod)."""
+        """At start: remove what a process of this rank killed in the middle of a write left behind (a
+        temporary file of a full copy's size, in memory that counts against the pod), and take the size
+        of the node copy an earlier process left."""
         if self.node_dir is None or not self.node_dir.is_dir():
             return
-        source = (self.rank - self.local_world) % self.world if self.world else self.rank
+        source = predecessor(self.rank, self.world, self.local_world)
         for pattern in (f".{OWN}-rank-{self.rank}.pt.*", f".{HELD}-rank-{source}.pt.*"):
             for tmp in self.node_dir.glob(pattern):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
+        with contextlib.suppress(OSError):  # what an earlier process of this rank left (a respawn restores it)
+            self.node_bytes = self.node_dir.joinpath(f"{OWN}-rank-{self.rank}.pt").stat().st_size
 
     def _file(self, kind: str, rank: int) -> Path | None:
         return self.node_dir / f"{kind}-rank-{rank}.pt" if self.node_dir is not None else None
@@ -311,19 +307,22 @@ class Tiers:
         own = self._file(OWN, self.rank)
         held = own.stat().st_size if own is not None and own.exists() else 0
         if copy.nbytes + (64 << 10) > shm_free(self.node_dir) + held:
-            self.skipped = f"step {copy.step}: {copy.nbytes} bytes do not fit in {self.node_dir} " \
-                           f"({shm_free(self.node_dir)} free: raise spec.resources.shmSize)"
-            with contextlib.suppress(FileNotFoundError):
-                assert own is not None
-                own.unlink()  # an older copy would only be refused later (its step is not the newest)
+            self._drop_own(f"step {copy.step}: {copy.nbytes} bytes do not fit in {self.node_dir} "
+                           f"({shm_free(self.node_dir)} free: raise spec.resources.shmSize)")
             return
         try:
-            write_copy(self.node_dir, OWN, copy)
+            self.node_bytes = write_copy(self.node_dir, OWN, copy).stat().st_size
         except Exception as exc:  # torch.save reports a full volume as a RuntimeError
-            self.skipped = f"step {copy.step}: not written to {self.node_dir}: {exc}"
-            with contextlib.suppress(OSError):  # an older step's copy must not stay as if it were this one
-                assert own is not None
-                own.unlink()
+            self._drop_own(f"step {copy.step}: not written to {self.node_dir}: {exc}")
+
+    def _drop_own(self, why: str) -> None:
+        """This step's node copy was not made: the older one goes too (it would be refused later, or worse,
+        taken for this step's if the job rolls back and commits the same step again)."""
+        self.skipped, self.node_bytes = why, 0
+        path = self._file(OWN, self.rank)
+        with contextlib.suppress(OSError):
+            if path is not None:
+                path.unlink()
 
     def wait_written(self, timeout: float | None = None) -> None:
         if self._writer is not None:
@@ -364,7 +363,7 @@ class Tiers:
     def held_file(self) -> Path | None:
         if self.node_dir is None or partner(self.rank, self.world, self.local_world) is None:
             return None
-        path = self.node_dir / f"{HELD}-rank-{(self.rank - self.local_world) % self.world}.pt"
+        path = self.node_dir / f"{HELD}-rank-{predecessor(self.rank, self.world, self.local_world)}.pt"
         return path if path.exists() else None
 
     def hold(self, rank: int, data: bytes | None) -> None:
@@ -401,6 +400,11 @@ def partner(rank: int, world: int, local_world: int) -> int | None:
     if local_world <= 0 or world <= local_world or world % local_world:
         return None
     return (rank + local_world) % world
+
+
+def predecessor(rank: int, world: int, local_world: int) -> int:
+    """The rank whose peer copy `rank` holds: the one whose partner() it is."""
+    return (rank - local_world) % world if world else rank
 
 
 def plan_restore(own: list[bool], held: list[int]) -> dict[int, int] | None:

@@ -28,6 +28,14 @@ from typing import Any
 
 # Where a restored step's state came from (rtj_worker.memstate), fastest first.
 SOURCES = MEMORY, NODE, PEER, VOLUME = ("memory", "node", "peer", "volume")
+
+
+def slowest(*sources: str | None) -> str | None:
+    """The slowest of `sources` (SOURCES; anything else ignored): a restore is as slow as its slowest rank."""
+    known = [s for s in sources if s in SOURCES]
+    return max(known, key=SOURCES.index) if known else None
+
+
 # A node's budget for its ranks' copies in process memory (two per rank at most: the committed step's and
 # the one being saved): a quarter of a p5's 2 TiB; an 8B model with Adam on 16 GPUs needs about 2 x 48 GB.
 DEFAULT_COPIES_BYTES_PER_NODE = 512 << 30

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .ckpt_index import ITERATION_FILE, latest_iteration
-from .progress import SOURCES, EventTail, read_progress
+from .progress import SOURCES, EventTail, read_progress, slowest
 
 log = logging.getLogger("rtj_worker.report")
 
@@ -213,8 +213,7 @@ class Tracker:
         run.starts[local] = float(event.get("t") or self.clock())
         run.pids.add(pid)
         if event.get("source") in SOURCES:
-            slowest = max(SOURCES.index(event["source"]), SOURCES.index(run.source) if run.source else -1)
-            run.source = SOURCES[slowest]
+            run.source = slowest(event["source"], run.source)
             with contextlib.suppress(TypeError, ValueError):
                 run.restore_seconds = max(run.restore_seconds or 0.0, float(event.get("restoreSeconds") or 0.0))
         if int(event.get("rank", -1)) == 0 and not run.leader:
