@@ -50,14 +50,25 @@ class LocalKueue:
         self.webhook_port, self.health_port = free_port(), free_port()
 
     # --- set-up -------------------------------------------------------------------------------------
-    def start(self) -> LocalKueue:
+    def start(self, attempts: int = 3) -> LocalKueue:
+        """Kueue set up and answering. A start that fails takes its webhooks away at once (with
+        failurePolicy Fail, every Job create of every test would fail while they point at nothing) and
+        is tried again: the manager exits at start when its informers' REST mapping misses one of its
+        kinds, which can lag the CRDs' Established condition (CI, stop 33)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._certs()
         self._crds()
         self._namespace()
-        self._run()
-        self._webhooks()
-        self._wait_serving()
+        for attempt in range(1, attempts + 1):
+            try:
+                self._run()
+                self._webhooks()
+                self._wait_serving()
+                return self
+            except (RuntimeError, TimeoutError):
+                self.stop()
+                if attempt == attempts:
+                    raise
         return self
 
     def _certs(self) -> None:
@@ -74,9 +85,14 @@ class LocalKueue:
 
     def _crds(self) -> None:
         names = []
+        served: dict[str, set[str]] = {}  # /apis/<group>/<version> -> the plurals it must list
         for path in sorted((self.home / "crd").glob("*.yaml")):
             crd = yaml.safe_load(path.read_text())
             names.append(crd["metadata"]["name"])
+            for version in crd["spec"]["versions"]:
+                if version.get("served"):
+                    gv = f"/apis/{crd['spec']['group']}/{version['name']}"
+                    served.setdefault(gv, set()).add(crd["spec"]["names"]["plural"])
             with contextlib.suppress(RuntimeError):  # already there (an earlier start on this cluster)
                 self.cluster.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
@@ -88,6 +104,14 @@ class LocalKueue:
                     return False
             return True
         self._wait(established, "Kueue's CRDs established", 60)
+
+        def discovered() -> bool:  # what the manager's REST mapper reads, published after Established
+            for gv, plurals in served.items():
+                listed = {r["name"] for r in self.cluster.api("GET", gv).get("resources") or []}
+                if not plurals <= listed:
+                    return False
+            return True
+        self._wait(discovered, "Kueue's kinds in discovery", 60)
 
     def _namespace(self) -> None:
         with contextlib.suppress(RuntimeError):
