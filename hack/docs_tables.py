@@ -115,9 +115,11 @@ VALUE_SETS = [
     ("`leaderElection.enabled=false`", ["--set", "leaderElection.enabled=false", "--set", "replicaCount=1"], ""),
     ("`workerRBAC.namespaces`", ["--set", "workerRBAC.namespaces={team-a}"], "each of `workerRBAC.namespaces`"),
     ("`userRoles.enabled=false`", ["--set", "userRoles.enabled=false"], ""),
+    ("`metrics.secure=false`", ["--set", "metrics.secure=false"], ""),
 ]
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
-RULE = re.compile(r"^(\s*)- apiGroups:")
+RULE = re.compile(r"^(\s*)- (apiGroups|nonResourceURLs):")
+HOOK = "helm.sh/hook"
 
 
 HELM = ROOT / ".tools" / "bin" / "helm"  # `make tools`
@@ -153,15 +155,22 @@ def grants(rendered: str, ns_scope: str) -> list[tuple[str, str, str, str, str]]
         if role["kind"] not in ("Role", "ClusterRole"):
             continue
         ns = role["metadata"].get("namespace")
-        binding = next((doc for _, doc in docs if doc["kind"] == f"{role['kind']}Binding" and
-                        doc["roleRef"]["name"] == role["metadata"]["name"] and doc["metadata"].get("namespace") == ns),
-                       None)
-        if binding is None:  # a user role, aggregated to built-in ones: it reaches whoever holds those
-            built_in = [k.removeprefix(AGGREGATE) for k, v in role["metadata"]["labels"].items()
-                        if k.startswith(AGGREGATE) and v == "true"]
-            if not built_in:
-                raise ValueError(f"{role['kind']} {role['metadata']['name']}: neither bound nor aggregated")
+        bindings = [doc for _, doc in docs if doc["kind"] == f"{role['kind']}Binding" and
+                    doc["roleRef"]["name"] == role["metadata"]["name"] and doc["metadata"].get("namespace") == ns]
+        binding = next((b for b in bindings if HOOK not in (b["metadata"].get("annotations") or {})), None)
+        hooked = [s["name"].replace(fullname, "<fullname>") for b in bindings if b is not binding
+                  for s in b["subjects"]]
+        built_in = [k.removeprefix(AGGREGATE) for k, v in (role["metadata"].get("labels") or {}).items()
+                    if k.startswith(AGGREGATE) and v == "true"]
+        if binding is None and built_in:  # a user role, aggregated to built-in ones: it reaches whoever holds those
             who, scope = "users: " + ", ".join(f"`{r}`" for r in built_in), "where those roles are bound"
+        elif binding is None and role["kind"] == "ClusterRole" and hooked:
+            # A role for the cluster's admin to bind (e.g. scrapers to metrics-reader); the chart binds it
+            # only for its own `helm test` pod.
+            who = "whom you bind to it; " + ", ".join(f"`{h}` (`helm test`)" for h in hooked)
+            scope = "cluster"
+        elif binding is None:
+            raise ValueError(f"{role['kind']} {role['metadata']['name']}: neither bound nor aggregated")
         else:
             who = ", ".join("operator" if s["name"] == fullname else f"`{s['name']}`" for s in binding["subjects"])
             scope = "cluster" if role["kind"] == "ClusterRole" else "release namespace" if ns == RELEASE_NS \
@@ -173,7 +182,9 @@ def grants(rendered: str, ns_scope: str) -> list[tuple[str, str, str, str, str]]
             if not why:
                 raise ValueError(f"{role['kind']} {role['metadata']['name']}: rule {rule} has no comment above it")
             why = why.replace(fullname, "<fullname>")
-            for group in rule["apiGroups"]:
+            for url in rule.get("nonResourceURLs") or []:
+                rows.append((who, f"`{url}` (non-resource URL)", ", ".join(rule["verbs"]), why, scope))
+            for group in rule.get("apiGroups") or []:
                 for resource in rule["resources"]:
                     name = f"`{resource}`" + (f" ({group})" if group else "")
                     if rule.get("resourceNames"):

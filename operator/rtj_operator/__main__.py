@@ -23,6 +23,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="Watch only this namespace (repeatable). Default: all namespaces.")
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="Watch all namespaces.")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port (0: off).")
+    parser.add_argument("--metrics-secure", action=argparse.BooleanOptionalAction, default=True,
+                        help="Serve metrics over HTTPS, each scrape's bearer token reviewed by the API server "
+                             "(TokenReview, then SubjectAccessReview for get on /metrics). --no-metrics-secure: "
+                             "plain HTTP, open to whoever reaches the port.")
+    parser.add_argument("--metrics-cert-dir", default="",
+                        help="Folder with tls.crt and tls.key for the metrics endpoint (read again when they change). "
+                             "Default: a self-signed certificate made at start.")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="kopf liveness endpoint for the Deployment's probes.")
     parser.add_argument("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
@@ -113,7 +120,11 @@ def main(argv: list[str] | None = None) -> None:
         def login(**kwargs: object) -> kopf.ConnectionInfo | None:
             return kopf.login_via_client(**kwargs)
     registry = handlers.register(kopf.OperatorRegistry(), runtime, login=login)
-    if args.metrics_port:
+    if args.metrics_port and args.metrics_secure:
+        from . import metrics_server
+        metrics_server.serve(args.metrics_port, metrics_server.Reviewer(kube.Kube(client, on_call=_count_call)),
+                             metrics_server.Certificates(args.metrics_cert_dir or None))
+    elif args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port)
     kopf.run(registry=registry, standalone=True, clusterwide=not args.namespace,
              namespaces=args.namespace, liveness_endpoint=args.liveness or None)

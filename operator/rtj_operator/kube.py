@@ -30,6 +30,9 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     # The Service's endpoints, which cluster DNS serves (read while a gang waits for its coordinator's name).
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
+    # Each metrics scrape, authenticated and authorized by the API server (metrics_server.py; created only).
+    "TokenReview": ("/apis/authentication.k8s.io/v1", "tokenreviews", False),
+    "SubjectAccessReview": ("/apis/authorization.k8s.io/v1", "subjectaccessreviews", False),
     # Kueue's (optional: only read for an RTJ with a queue).
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL, True),

@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -79,8 +80,8 @@ def test_namespaced_mode_grants_roles_only_in_watched_namespaces():
     docs = render(*VALUE_SETS["namespaced"])
     roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
-    assert [r["resources"] for r in cluster_role["rules"]] == [["nodes"]]
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rtj-rtj-operator")
+    assert [r["resources"] for r in cluster_role["rules"]] == [["nodes"], ["tokenreviews"], ["subjectaccessreviews"]]
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
         "--namespace=team-a", "--namespace=team-b"]
@@ -327,9 +328,20 @@ def test_helm_test_pod_checks_the_metrics_service():
     [pod] = [d for d in docs_of(docs, "Pod") if d["metadata"]["annotations"].get("helm.sh/hook") == "test"]
     [service] = [s for s in docs_of(docs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     script = pod["spec"]["containers"][0]["command"][2]
-    assert f'"http://{service["metadata"]["name"]}.rtj-system.svc:9090/metrics"' in script
+    assert f'"https://{service["metadata"]["name"]}.rtj-system.svc:9090/metrics"' in script
     assert pod["spec"]["containers"][0]["image"] == "rtj-operator:0.1.0"
-    assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["securityContext"]["runAsNonRoot"]
+    # Its token is a scraper's: its own ServiceAccount, bound to the metrics-reader role and nothing else.
+    account = pod["spec"]["serviceAccountName"]
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    [binding] = [b for b in docs_of(docs, "ClusterRoleBinding") + docs_of(docs, "RoleBinding")
+                 if any(s.get("name") == account for s in b["subjects"])]
+    assert binding["roleRef"]["name"] == "rtj-rtj-operator-metrics-reader"
+    [reader] = [r for r in docs_of(docs, "ClusterRole") if r["metadata"]["name"] == binding["roleRef"]["name"]]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    for doc in [binding, *[a for a in docs_of(docs, "ServiceAccount") if a["metadata"]["name"] == account]]:
+        assert doc["metadata"]["annotations"]["helm.sh/hook"] == "test"  # made for the test, gone after it
+        assert int(doc["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0  # before the pod
     labels = pod["metadata"]["labels"]
     assert not all(labels.get(k) == v for k, v in service["spec"]["selector"].items()), "the Service selects it"
     # The NetworkPolicy admits it to the metrics port.
@@ -340,6 +352,12 @@ def test_helm_test_pod_checks_the_metrics_service():
     assert admitted and admitted[0]["ports"] == [{"port": 9090, "protocol": "TCP"}]
     assert not [d for d in render("--set", "metrics.service.enabled=false")
                 if d["kind"] == "Pod"]  # nothing to check without the Service
+    # Plain metrics: plain HTTP, and no token.
+    plain = render("--set", "metrics.secure=false")
+    [pod] = [d for d in docs_of(plain, "Pod") if d["metadata"]["annotations"].get("helm.sh/hook") == "test"]
+    assert '"http://' in pod["spec"]["containers"][0]["command"][2]
+    assert pod["spec"]["automountServiceAccountToken"] is False and "serviceAccountName" not in pod["spec"]
+    assert not [b for b in docs_of(plain, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-test-metrics")]
 
 
 def _answers(port: int) -> bool:
@@ -350,23 +368,47 @@ def _answers(port: int) -> bool:
         return False
 
 
-def test_helm_test_script_passes_against_the_operators_metrics_and_fails_elsewhere():
+def _run_hook(script: str, url: str, token_file: Path) -> subprocess.CompletedProcess[str]:
+    """The hook's own script, pointed at `url` and reading its token from `token_file`; 2 s between tries
+    becomes 0.1 s."""
+    [rendered_url] = re.findall(r'url = "([^"]+)"', script)
+    script = (script.replace(rendered_url, url).replace("/var/run/secrets/kubernetes.io/serviceaccount/token",
+                                                        str(token_file)).replace("time.sleep(2)", "time.sleep(0.1)"))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_helm_test_script_passes_against_the_operators_metrics_and_fails_elsewhere(tmp_path, secure):
     """The hook's own script, run here against the operator's metrics registry (kwok nodes run no
-    containers, so `helm test` itself cannot run on the local control plane)."""
+    containers, so `helm test` itself cannot run on the local control plane): over HTTPS with a token the
+    (stand-in) API server allows, and plain; a token it refuses fails the check."""
     import prometheus_client
+    from test_metrics_server import OUTSIDER, READER, FakeApiServer
 
-    from rtj_operator import metrics  # noqa: F401  (registers rtj_leader)
+    from rtj_operator import (
+        metrics,  # noqa: F401  (registers rtj_leader)
+        metrics_server,
+    )
 
-    docs = render()
+    docs = render("--set", f"metrics.secure={str(secure).lower()}")
     [pod] = [d for d in docs_of(docs, "Pod") if d["metadata"]["annotations"].get("helm.sh/hook") == "test"]
     script = pod["spec"]["containers"][0]["command"][2]
-    url = re.search(r'url = "([^"]+)"', script)[1]
+    token = tmp_path / "token"
+    token.write_text(READER + "\n")
     port = free_port()
-    server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
+    if secure:
+        server, thread = metrics_server.serve(port, metrics_server.Reviewer(FakeApiServer()),  # type: ignore[arg-type]
+                                              metrics_server.Certificates(), addr="127.0.0.1")
+    else:
+        server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
+    scheme = "https" if secure else "http"
     try:
-        ok = subprocess.run([sys.executable, "-c", script.replace(url, f"http://127.0.0.1:{port}/metrics")],
-                            capture_output=True, text=True, timeout=60)
-        assert ok.returncode == 0 and "rtj_leader" in ok.stdout, ok.stderr
+        ok = _run_hook(script, f"{scheme}://127.0.0.1:{port}/metrics", token)
+        assert ok.returncode == 0 and "rtj_leader" in ok.stdout, ok.stderr + ok.stdout
+        if secure:
+            token.write_text(OUTSIDER)
+            refused = _run_hook(script, f"https://127.0.0.1:{port}/metrics", token)
+            assert refused.returncode != 0 and "403" in refused.stdout, refused.stdout
     finally:
         server.shutdown()
         thread.join(5)
@@ -376,8 +418,7 @@ def test_helm_test_script_passes_against_the_operators_metrics_and_fails_elsewhe
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: _answers(other), what="a plain HTTP server", timeout=10)
-        bad = subprocess.run([sys.executable, "-c", script.replace(url, f"http://127.0.0.1:{other}/")],
-                             capture_output=True, text=True, timeout=60)
+        bad = _run_hook(script, f"http://127.0.0.1:{other}/", token)
         assert bad.returncode != 0 and "not the operator" in bad.stderr, bad.stderr
     finally:
         fake.terminate()

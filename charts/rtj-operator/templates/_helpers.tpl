@@ -131,4 +131,14 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get", "list", "watch"]
+{{- if .Values.metrics.secure }}
+# Each metrics scrape (metrics.secure): its bearer token reviewed (who is it?) ...
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+# ... then that user's access to get /metrics (may it scrape?).
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end }}
 {{- end }}
