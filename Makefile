@@ -8,7 +8,8 @@ PYTHON ?= python3
 WITH_KUBE = RTJ_KUBE_BIN=$$(bash hack/kube/build.sh) && export RTJ_KUBE_BIN &&
 # Kueue's controller manager and manifests for tests/cluster/test_kueue.py, cached the same way.
 WITH_KUEUE = RTJ_KUEUE_DIR=$$(bash hack/kube/kueue.sh) && export RTJ_KUEUE_DIR &&
-# promtool for tests/cluster/test_alert_rules.py (`promtool test rules` on the chart's alerts), cached the same way.
+# promtool for tests/unit/test_alert_rules.py (`promtool test rules` on the chart's alerts) and the Prometheus server
+# for tests/cluster/test_prometheus_scrape.py (a real scrape), cached the same way.
 WITH_PROMTOOL = RTJ_PROMTOOL_BIN=$$(bash hack/promtool/build.sh) && export RTJ_PROMTOOL_BIN &&
 # Pods on the node agents run NVRx 0.6, the production image's version (the venv keeps 0.4.1 for the
 # reference benchmark and the worker tests' second pass).
@@ -49,8 +50,8 @@ unit: setup tools ## No cluster: pure code, the chart (helm, helm-unittest), the
 # own (tests/clusterkit.py), so no test shares nodes, Kueue's webhooks or the audit log with another's.
 CLUSTER_WORKERS ?= 2
 
-cluster: setup tools ## The local control plane with the real Kueue (the first run builds both from Go modules)
-	$(WITH_KUBE) $(WITH_KUEUE) $(TIER) cluster -- $(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile tests/cluster
+cluster: setup tools ## The local control plane with the real Kueue and Prometheus (the first run builds them from Go modules)
+	$(WITH_KUBE) $(WITH_KUEUE) $(WITH_PROMTOOL) $(TIER) cluster -- $(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile tests/cluster
 
 e2e: setup tools nvrx06 ## Real training in pods on local node agents, NVRx 0.6 (root; ~10 min)
 	$(WITH_KUBE) $(WITH_NVRX06) $(TIER) e2e -- $(PYTEST) tests/e2e
