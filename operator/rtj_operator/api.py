@@ -651,7 +651,13 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                 "rendezvousPort": _int(29400, 1024, 65536 - RENDEZVOUS_PORTS,
                                        "c10d rendezvous port P on node 0; the training store uses P+1 and "
                                        "inprocess.Wrapper's store P+2, so all three must be free."),
-                "rendezvousTimeoutSeconds": _int(600, 10, 7200, "How long a pod waits for peer DNS."),
+                "rendezvousTimeoutSeconds": _int(
+                    600, 10, 7200, "How long the gang's pods wait for each other, in each wait: the "
+                    "rendezvous host's name to resolve, ft_launcher's rendezvous join (join_timeout) and an "
+                    "in-process restart's barrier. A pod that gives up exits and the gang is restarted. The "
+                    "operator also bounds by it how long a new gang's pods stay gated for their coordinator's "
+                    "address, and restarts the gang instead of waiting when the Job controller would replace "
+                    "a lost pod only after half of it."),
                 "terminationGracePeriodSeconds": _int(
                     120, 30, 86400, "The pods' grace period: what a stop (a drain, a spot reclaim, a suspend, "
                     "a deletion) gives the ranks to save the step they reached and exit. Size it to the "
@@ -802,7 +808,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                        "description": "The job's conditions (metav1.Condition), one per type.",
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         "nodesDesired": {"type": "integer", "description": "Training nodes (nodes.count)."},
-        "nodesReady": {"type": "integer", "description": "Pods running and ready, hot spares included."},
+        "nodesReady": {"type": "integer", "description": "Training nodes whose pod is running and ready: at most "
+                                                         "nodesDesired (ready hot spares are counted in standbys)."},
         "standbys": {"type": "integer", "description": "Ready pods beyond the training nodes: hot spares waiting "
                                                        "to take over a lost node's ranks."},
         "restarts": {"type": "integer", "description": "All restarts, every tier: the pods' own (InProcess, "
@@ -982,13 +989,21 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.nodesReady"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.nodesDesired"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "All tiers"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.jobRestarts",
+     "description": "Restarts charged to the job, against restartBudget.maxRestarts (every tier's: All-Restarts)"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Ckpt-Step", "type": "integer", "jsonPath": ".status.lastCheckpointStep"},
+    {"name": "Ckpt-Age", "type": "date", "jsonPath": ".status.lastCheckpointTime",
+     "description": "Since the newest committed checkpoint: what a fault now would roll back"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # kubectl get rtj -o wide
+    {"name": "Spares", "type": "integer", "jsonPath": ".status.standbys", "priority": 1,
+     "description": "Ready hot spares, beyond the training nodes"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
-    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1,
+     "description": "Restarts charged to the platform, against restartBudget.maxDisruptions"},
+    {"name": "All-Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1,
+     "description": "Every tier's restarts, the pods' own in-process and launcher restarts included"},
     {"name": "In-Process", "type": "integer", "jsonPath": ".status.restartsByTier.InProcess", "priority": 1},
     {"name": "Launcher", "type": "integer", "jsonPath": ".status.restartsByTier.Launcher", "priority": 1},
     {"name": "Last-Recovery", "type": "string", "jsonPath": ".status.lastRecovery.reason", "priority": 1},

@@ -113,8 +113,8 @@ class JobCollector(Collector):
         fam = {
             "phase": GaugeMetricFamily("rtj_job_phase", "1 for the job's phase, 0 for the others.",
                                        labels=[*LABELS, "phase"]),
-            "ready": GaugeMetricFamily("rtj_job_nodes_ready", "Pods running and ready, hot spares included.",
-                                       labels=LABELS),
+            "ready": GaugeMetricFamily("rtj_job_nodes_ready", "Training nodes whose pod runs and is ready (at most "
+                                       "rtj_job_nodes_desired; ready hot spares are not counted).", labels=LABELS),
             "desired": GaugeMetricFamily("rtj_job_nodes_desired", "Training nodes.", labels=LABELS),
             "restarts": CounterMetricFamily("rtj_job_restarts", "Restarts of the job by tier (InProcess, Launcher, "
                                             "ReplacePod, GangRestart), reason and who was charged (job, platform).",

@@ -126,7 +126,7 @@ class Status:
     observed_generation: int | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
     nodes_desired: int | None = None  # training nodes
-    nodes_ready: int | None = None  # pods running and ready, spares included
+    nodes_ready: int | None = None  # training nodes whose pod runs and is ready (at most nodes_desired)
     standbys: int | None = None  # ready pods beyond the training nodes: hot spares waiting
     attempt: int = 1  # the gang (Job) that should run now
     restarts: int = 0  # every restart, all tiers: the pods' own (InProcess, Launcher) and the operator's

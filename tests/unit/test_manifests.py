@@ -58,9 +58,24 @@ def test_crd_validates_and_is_structural():
     assert version["subresources"] == {"status": {}}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns if not c.get("priority")] == [
-        "Phase", "Ready", "Desired", "Restarts", "Step", "Ckpt-Step", "Age"]
+        "Phase", "Ready", "Desired", "Restarts", "Step", "Ckpt-Step", "Ckpt-Age", "Age"]
     assert [c["name"] for c in columns if c.get("priority")] == [  # kubectl get rtj -o wide
-        "Attempt", "Disruptions", "In-Process", "Launcher", "Last-Recovery"]
+        "Spares", "Attempt", "Disruptions", "All-Restarts", "In-Process", "Launcher", "Last-Recovery"]
+    # Each column's field is one the status declares, and a count says what it counts.
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for column in columns:
+        path = column["jsonPath"].lstrip(".").split(".")
+        node = version["schema"]["openAPIV3Schema"] if path[0] == "status" else None
+        for key in path if node is not None else []:
+            node = node["properties"][key] if "properties" in node else node["additionalProperties"]
+        assert path[0] == "metadata" or node is not None, column
+        assert column["name"] in ("Phase", "Step", "Ckpt-Step", "Age", "Attempt", "Last-Recovery", "Ready",
+                                  "Desired", "In-Process", "Launcher") or column.get("description"), column
+    assert "standbys" in status["properties"]
+    # The README's example of `kubectl get rtj` has the same columns.
+    readme = (ROOT / "README.md").read_text()
+    header = next(line.split() for line in readme.splitlines() if line.strip().startswith("NAME ") and "PHASE" in line)
+    assert header == ["NAME", *[c["name"].upper() for c in columns if not c.get("priority")]]
     assert manifest["spec"]["names"]["shortNames"] == ["rtj"]
 
     def walk(schema, path="spec"):

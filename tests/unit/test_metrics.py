@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, generate_latest
 from rtj_operator import ladder, metrics
 
 STATUS = {
-    "phase": "Running", "nodesReady": 3, "nodesDesired": 2, "jobRestarts": 1, "disruptions": 4,
+    "phase": "Running", "nodesReady": 2, "nodesDesired": 2, "jobRestarts": 1, "disruptions": 4,
     "restartCounts": [{"tier": "InProcess", "reason": "RuntimeError", "charged": "job", "count": 5},
                       {"tier": "ReplacePod", "reason": "NodeLost", "charged": "platform", "count": 2}],
     "lastRecovery": {"tier": "Launcher", "reason": "RankKilled", "seconds": 12.5, "time": "2026-12-03T10:00:00Z"},
@@ -36,7 +36,7 @@ def job():
 @pytest.mark.parametrize("name, labels, value", [
     ("rtj_job_phase", {"phase": "Running"}, 1.0),
     ("rtj_job_phase", {"phase": "Restarting"}, 0.0),
-    ("rtj_job_nodes_ready", {}, 3.0),
+    ("rtj_job_nodes_ready", {}, 2.0),
     ("rtj_job_nodes_desired", {}, 2.0),
     ("rtj_job_restarts_total", {"tier": "InProcess", "reason": "RuntimeError", "charged": "job"}, 5.0),
     ("rtj_job_restarts_total", {"tier": "ReplacePod", "reason": "NodeLost", "charged": "platform"}, 2.0),

@@ -40,11 +40,12 @@ UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
 def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
     status, rtj, job, ledger = d.status, d.rtj, d.world.job, d.status.recovery
     ready = running_ready(pods)
-    status.nodes_ready = len(ready)
     # What runs is what counts: after an invalid edit, the Job still has its old shape. Its training nodes
-    # (the rest of its pods are hot spares: the job runs without them).
+    # (the rest of its pods are hot spares: the job runs without them). Ready and desired count the same
+    # thing (`kubectl get rtj` shows them side by side); ready spares are counted apart.
     desired = job_nodes(job, rtj)
     status.nodes_desired = desired
+    status.nodes_ready = min(len(ready), desired)
     status.standbys = max(0, len(ready) - desired)
     job_conds = ((job or {}).get("status") or {}).get("conditions") or []
     complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
