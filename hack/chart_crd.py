@@ -1,4 +1,5 @@
-"""Write charts/rtj-operator/templates/crd.yaml from operator/rtj_operator/api.py (`make crds`)."""
+"""Write charts/rtj-operator/templates/crd.yaml from operator/rtj_operator/api.py, with the copied types'
+upstream descriptions (rtj_operator.crd), as `make crds` writes crds/."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from rtj_operator.api import crd_manifest
+from rtj_operator.crd import manifest as crd_manifest
 
 TARGET = Path(__file__).resolve().parents[1] / "charts" / "rtj-operator" / "templates" / "crd.yaml"
 

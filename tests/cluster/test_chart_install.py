@@ -29,6 +29,12 @@ def test_helm_install_and_kubectl_show_the_job(cluster, kube, ns, operator):
     assert row.split()[:2] == [name, "Running"], table
     described = kubectl(cluster, "describe", "rtj", "-n", ns, name).stdout
     assert "AllNodesRunning" in described and "Events:" in described and "Created" in described
+    # `kubectl explain` has something to say of the RTJ's own fields and of the copied core/v1 types' fields.
+    for field, words in (("rtj.spec.restartBudget", "budget"),
+                         ("rtj.spec.placement.tolerations.effect", "Effect indicates the taint effect to match"),
+                         ("rtj.status.nodesReady", "Training nodes")):
+        explained = kubectl(cluster, "explain", field).stdout
+        assert words in explained and "<empty>" not in explained, explained
 
 
 def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, operator, lost_nodes):

@@ -96,19 +96,49 @@ def test_crd_file_is_generated_from_api_py():
 
 
 def copied(node: dict) -> bool:
-    """A field that holds a copied upstream type, core/v1 or networking/v1 (its description names it): its
-    own fields have no descriptions yet (their upstream ones are not copied)."""
-    return any(group in node.get("description", "") for group in ("core/v1", "networking/v1"))
+    """A field that holds a copied upstream type, core/v1 or networking/v1 (its description names it)."""
+    return bool(crd.COPIED.search(node.get("description", "")))
 
 
-def test_every_field_of_the_rtjs_own_spec_and_status_is_described():
-    """`kubectl explain rtj.<field>` has something to say for every field the RTJ defines; inside a copied
-    core/v1 type only the field holding it is checked."""
+def test_every_field_of_the_crd_is_described():
+    """`kubectl explain rtj.<field>` has something to say for every field: the RTJ's own (api.py), and
+    those inside the copied core/v1 and networking/v1 types (their upstream descriptions, crd.py)."""
     schema = load_yaml(CRD_FILE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-    found = [(path, node) for part in ("spec", "status") for path, node in nodes(schema[part], part, stop=copied)]
+    found = [(path, node) for part in ("spec", "status") for path, node in nodes(schema[part], part)]
     fields = [(path, node) for path, node in found if path not in ("spec", "status") and path[-1] not in "]}"]
     assert [path for path, node in fields if not node.get("description")] == []
-    assert {"spec.placement.affinity", "spec.pod.initContainers"} <= {path for path, node in fields if copied(node)}
+    holders = {path for path, node in fields if copied(node)}
+    assert {"spec.placement.affinity", "spec.pod.initContainers", "spec.isolation.allowFrom"} <= holders
+    inside = [path for path, _ in fields if any(path.startswith(f"{h}.") or path.startswith(f"{h}[]") for h in holders)]
+    assert len(inside) > 200, len(inside)  # the copied types' own fields are checked too
+    by_path = dict(fields)
+    # Upstream's words, where api.py says nothing of its own ...
+    assert by_path["spec.placement.tolerations[].tolerationSeconds"]["description"].startswith(
+        "TolerationSeconds represents the period of time the toleration")
+    # ... and api.py's own where it does.
+    assert by_path["spec.env[].name"]["description"] == "Environment variable name (printable ASCII but '=')."
+
+
+def test_upstream_descriptions_fill_only_what_is_missing_and_follow_lists_and_references():
+    ours = {"type": "object", "properties": {
+        "tolerations": {"type": "array", "description": "Mine (core/v1 Toleration).", "items": {
+            "type": "object", "properties": {"key": {"type": "string", "description": "My key."},
+                                             "effect": {"type": "string"}, "mine": {"type": "string"}}}},
+        "affinity": {"type": "object", "description": "(core/v1 Affinity)", "properties": {
+            "nodeAffinity": {"type": "object", "properties": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "type": "object", "properties": {"nodeSelectorTerms": {"type": "array", "items": {
+                    "type": "object", "properties": {"matchFields": {"type": "array"}}}}}}}}}}}}
+    out = crd.with_upstream_descriptions(ours)
+    toleration = out["properties"]["tolerations"]
+    assert toleration["description"] == "Mine (core/v1 Toleration)."
+    assert toleration["items"]["properties"]["key"]["description"] == "My key."
+    assert toleration["items"]["properties"]["effect"]["description"].startswith("Effect indicates the taint effect")
+    assert "description" not in toleration["items"]["properties"]["mine"]  # not upstream's: the test above fails it
+    term = out["properties"]["affinity"]["properties"]["nodeAffinity"]["properties"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["properties"]["nodeSelectorTerms"]
+    assert term["description"].startswith("Required. A list of node selector terms")
+    assert term["items"]["properties"]["matchFields"]["description"].startswith("A list of node selector requirements")
+    assert "description" not in ours["properties"]["tolerations"]["items"]["properties"]["effect"]  # a copy
 
 
 def test_crd_defaults_are_valid_against_their_own_schema():
