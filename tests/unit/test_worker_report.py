@@ -399,3 +399,56 @@ def test_a_scripts_own_latest_checkpointed_iteration_is_its_checkpoint_step(tmp_
     os.utime(ckpt / "latest_checkpointed_iteration.txt", (1, 2))
     tracker.poll()
     assert tracker.report()["ckpt"] == 1500
+
+
+# The new worker group has joined its rendezvous: NVRx 0.4.1's c10d record, and 0.6's barrier record.
+JOINED = f"[2026-12-05 18:01:55,896] [INFO] [ft_launcher{PID}@vm] The node 'localhost_{PID}_0' has joined round 1 " \
+         "of the rendezvous 'job' as rank 0 in a world of size 1."
+JOINED06 = "2026-12-05 18:01:38,044 [INFO] [vm] [workload:?(?) infra:?(?)] ft_rendezvous_barrier.py:2235 The node " \
+           "'localhost_1034_0' has joined the rendezvous 'job' as rank 0 in a world of size 1."
+
+
+@pytest.mark.parametrize("joined", [JOINED, JOINED06])
+def test_a_script_that_reports_no_steps_has_its_launcher_restarts_counted(tmp_path: Path, joined: str) -> None:
+    """Issue 28: a script without rtj_worker.progress never shows its next run's first step, so its
+    launcher's restart stayed `recovering` for ever and LAUNCHER showed 0, through a crash loop too."""
+    pod = Pod(tmp_path)
+    pod.line(joined)  # the first group: nothing to count
+    assert pod.report()["restarts"] == {"InProcess": 0, "Launcher": 0} and pod.report()["state"] == "Waiting"
+    for restart in (1, 2):
+        pod.clock.t += 30
+        fault_at = pod.clock.t
+        pod.line(KILLED.replace("exitcode: -9", "exitcode: 3"))
+        pod.line(UNHEALTHY)
+        assert pod.report()["state"] == "Recovering" and pod.report()["recovering"]["tier"] == "Launcher"
+        pod.clock.t += 2.5
+        pod.line(joined)
+        report = pod.report()
+        assert report["restarts"] == {"InProcess": 0, "Launcher": restart} and "recovering" not in report
+        assert report["causes"] == {"Launcher/RankExited": restart} and report["state"] == "Waiting"
+        assert report["last"]["seconds"] == pytest.approx(pod.clock.t - fault_at)
+        assert "rolledBack" not in report["last"]  # no step is known: none is claimed
+
+
+def test_a_script_that_reports_steps_is_counted_at_its_first_step_not_at_the_rendezvous(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.start()
+    pod.steps(1, 25)
+    pod.line(KILLED)
+    pod.line(UNHEALTHY)
+    pod.clock.t += 3
+    pod.line(JOINED)
+    assert pod.report()["restarts"]["Launcher"] == 0 and pod.report()["recovering"]["tier"] == "Launcher"
+    pod.clock.t += 5  # imports, process groups, the checkpoint load
+    pod.start(step=20)
+    pod.steps(21, 21)
+    report = pod.report()
+    assert report["restarts"]["Launcher"] == 1 and report["last"]["rolledBack"] == 5
+
+
+def test_a_rendezvous_after_a_peers_restart_counts_nothing_here(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.line(JOINED)
+    pod.line(PEER)
+    pod.line(JOINED)
+    assert pod.report()["restarts"] == {"InProcess": 0, "Launcher": 0}

@@ -350,6 +350,22 @@ def test_a_users_megatron_style_script_reports_its_checkpoint_step(tmp_path):
     assert (tmp_path / "ckpt" / "iter_0000040" / "mp_rank_01.pt").exists()
 
 
+@pytest.mark.nvrx041
+def test_a_plain_ddp_script_is_respawned_and_its_launcher_restart_shows(tmp_path):
+    """Issue 28: a script with nothing but PyTorch (no rtj_worker.progress, no NVRx): ft_launcher respawns it
+    past its bug and it resumes from its own torch.save checkpoint; its restart is counted and named from
+    the launcher's records, where the pod's report used to stay `recovering` with LAUNCHER 0."""
+    script = Path(__file__).parent / "user_scripts" / "plain_ddp.py"
+    run_ = local.start(tmp_path, [], command=["python", str(script), "--steps", "30", "--crash-at", "12"]).wait(240)
+    assert run_.code == exit_codes.OK, run_.log[-3000:]
+    progress = run_.report["progress"]
+    assert progress["restarts"] == {"InProcess": 0, "Launcher": 1} and "recovering" not in progress, progress
+    # The first exit the launcher saw: rank 1's own (3) or rank 0's, whose collective lost rank 1 (1).
+    assert progress["causes"] == {"Launcher/RankExited": 1} and "exited with code" in progress["last"]["detail"]
+    assert "rolledBack" not in progress["last"]  # its steps are its own: none is claimed
+    assert (tmp_path / "ckpt" / "plain" / "resumed-from").read_text().split() == ["0", "10"]
+
+
 # A stand-in for ft_launcher: prints lines (its own log records carry its pid), optionally runs the
 # training command, exits with the given code.
 FAKE_LAUNCHER = ("import os, subprocess, sys; code, lines, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]; "

@@ -69,6 +69,9 @@ RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (
 HUNG = ("Did not get initial heartbeat", "Did not get subsequent heartbeat", "has been open for",
         "Was out of section for")
 FINISHED_LINE = "worker group successfully finished"
+# A worker group joined its rendezvous, so its ranks start now: NVRx 0.4.1's c10d rendezvous ("has joined
+# round 3 of the rendezvous 'x' as rank 0"), 0.6's barrier ("has joined the rendezvous 'x' as rank 0").
+GROUP_JOINED = re.compile(r"has joined (round \d+ of )?the rendezvous")
 
 
 def _cause(name: str) -> str:
@@ -152,6 +155,8 @@ class Tracker:
                 self._set_state(RECOVERING)
             elif FINISHED_LINE in message:
                 self._set_state(FINISHED)
+            elif GROUP_JOINED.search(message):
+                self._group_started(at)
 
     def poll(self) -> None:
         """Read what the ranks wrote since the last poll."""
@@ -276,19 +281,36 @@ class Tracker:
         self._end_run()
         self._set_state(RECOVERING)
 
+    def _group_started(self, at: float) -> None:
+        """A script that reports no steps (neither rtj_worker.progress nor a step this pod can read) never
+        shows its next run's first step, so its launcher's restart would stay pending for ever: it is
+        counted when the new worker group has joined its rendezvous, its seconds the fault's to that
+        start, with no steps rolled back claimed (none are known). A script that reports steps is counted
+        at its first step (_progress), which is when its recovery really ends."""
+        pending = self.pending
+        if pending is None or pending.tier != LAUNCHER or self.step_at is not None:
+            return
+        self._count(pending, LAUNCHER, at, rolled_back=None)
+        self._set_state(WAITING)
+
     def _recovered(self, rec: Recovery, run: Run, at: float) -> None:
         # Recovered in the same processes only if the same worker group went on to the next iteration.
         tier = rec.tier if rec.tier == LAUNCHER or run.key[0] == rec.run[0] else LAUNCHER
         resumed = rec.resumed if rec.resumed is not None else run.resumed
+        self._count(rec, tier, at, rolled_back=max(0, rec.step - resumed))
+        if run.source:
+            self.last.update(restoredFrom=run.source, restoreSeconds=_round(run.restore_seconds))
+
+    def _count(self, rec: Recovery, tier: str, at: float, rolled_back: int | None) -> None:
         self.restarts[tier] += 1
         key = f"{tier}/{rec.cause}"
         if key not in self.causes and len(self.causes) >= MAX_CAUSES:
             key = f"{tier}/Other"
         self.causes[key] = self.causes.get(key, 0) + 1
         self.last = {"tier": tier, "cause": rec.cause, "detail": rec.detail, "at": round(rec.at, 2),
-                     "seconds": round(at - rec.at, 2), "rolledBack": max(0, rec.step - resumed)}
-        if run.source:
-            self.last.update(restoredFrom=run.source, restoreSeconds=_round(run.restore_seconds))
+                     "seconds": round(at - rec.at, 2)}
+        if rolled_back is not None:
+            self.last["rolledBack"] = rolled_back
         self.pending = None
         self.urgent = True
 
