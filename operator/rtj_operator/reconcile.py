@@ -40,6 +40,7 @@ from .policies.children import (
     stop_coordinator,
     template_rejected,
 )
+from .policies.footprint import warn_gpu_memory
 from .policies.kueue import activate_workload, ensure_queue, queued
 from .policies.phase import TERMINAL, derive_phase, publish_progress, report_waits
 from .policies.placement import awaiting_coordinator, expire_exclusions, release_gated, wait_for_capacity
@@ -67,6 +68,7 @@ def reconcile(world: World, now: datetime.datetime | None = None, config: Config
         d.cond(INVALID_SPEC, True, "InvalidSpec", message)
         return without_changes(d)
     d.cond(INVALID_SPEC, False, "Valid", "")
+    warn_gpu_memory(d)
     if world.storage is not None and world.job is None:
         ok, reason, message = world.storage
         d.cond(conditions.STORAGE_READY, ok, reason, message)

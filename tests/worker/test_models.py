@@ -125,3 +125,78 @@ def test_fsdp2_shards_every_block_and_trains_like_the_unsharded_model():
             assert torch.allclose(p, q.full_tensor(), atol=1e-6), name
     finally:
         dist.destroy_process_group()
+
+
+def test_activation_checkpointing_recomputes_the_same_gradients_under_the_same_names():
+    """Issue 27.4: only each block's input is kept for backward; the gradients, and the parameter names a
+    checkpoint is keyed by, are those of the plain model."""
+    grads = []
+    for recompute in (False, True):
+        model = build(seed=5)
+        model.activation_checkpointing = recompute
+        next_token_loss(model(ids()), ids(seed=2)).backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys() == dict(build().named_parameters()).keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
+def _one_rank(fn):
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", free_port(), world_size=1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        return fn()
+    finally:
+        dist.destroy_process_group()
+
+
+TINY_ARGS = ["--model", "llama", "--model-dim", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+             "--vocab", "97", "--seq-len", "16", "--batch", "2"]
+
+
+def test_meta_init_builds_nothing_until_sharded_then_initializes_each_shard_as_a_llama():
+    """Issue 27.4: `--init meta`: no tensor has memory before fully_shard; afterwards every weight is set
+    (norms 1, projections ~N(0, 0.02), the residual ones scaled down) and the rope tables computed, under
+    the names a device-built model has (its checkpoints load either way)."""
+    from rtj_worker.train import build_model, fresh, parse_args
+
+    args = parse_args([*TINY_ARGS, "--init", "meta"])
+    assert all(p.is_meta for p in build_model(args, torch.device("cpu")).parameters())
+    model, _ = _one_rank(lambda: fresh(args, torch.device("cpu"), 1))
+    full = {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in model.named_parameters()}
+    assert full.keys() == dict(build().named_parameters()).keys()
+    assert all(not p.is_meta and torch.isfinite(p).all() for p in full.values())
+    assert torch.equal(full["norm.weight"], torch.ones(32))
+    assert 0.015 < full["layers.0.attn.wq.weight"].std() < 0.025
+    assert full["layers.0.attn.wo.weight"].std() < 0.6 * full["layers.0.attn.wq.weight"].std()
+    cos, sin = rope_tables(TINY)
+    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+
+
+def test_bf16_computes_in_bfloat16_and_keeps_fp32_parameters():
+    """Issue 27.4: `--precision bf16` (FSDP2 mixed precision): a step's loss is the fp32 model's within bf16's
+    precision, and the sharded parameters (what the optimizer and checkpoints hold) stay fp32."""
+    from rtj_worker.train import fresh, parse_args, step_loss
+
+    def step(precision: str) -> tuple[float, set[torch.dtype]]:
+        args = parse_args([*TINY_ARGS, "--precision", precision])
+        model, opt = fresh(args, torch.device("cpu"), 1)
+        loss = step_loss(args, model, 0, 0, torch.device("cpu"))
+        loss.backward()
+        opt.step()
+        return loss.item(), {p.dtype for p in model.parameters()}
+
+    (full, dtypes32), (half, dtypes16) = _one_rank(lambda: (step("fp32"), step("bf16")))
+    assert dtypes32 == dtypes16 == {torch.float32}
+    assert half != full and abs(half - full) < 0.05 * full
+
+
+def test_the_memory_estimate_reads_the_trainers_arguments_with_the_trainers_defaults():
+    from rtj_worker import footprint
+    from rtj_worker.train import parse_args
+
+    ours = vars(footprint._parser().parse_args([]))
+    theirs = vars(parse_args([]))
+    assert {key: theirs[key] for key in ours} == ours

@@ -185,15 +185,20 @@ LLAMA = ["--model", "llama", "--model-dim", "64", "--layers", "2", "--heads", "4
          "--seq-len", "32", "--batch", "4"]
 
 
-def test_llama_recovers_an_exception_and_a_sigkill_with_the_weights_of_a_clean_run(tmp_path):
+# The examples' settings (issue 27.4): bf16 compute, activation checkpointing, meta-device init.
+AT_SCALE = ["--precision", "bf16", "--activation-checkpointing", "--init", "meta"]
+
+
+@pytest.mark.parametrize("settings", [[], AT_SCALE], ids=["fp32", "bf16-recompute-meta"])
+def test_llama_recovers_an_exception_and_a_sigkill_with_the_weights_of_a_clean_run(tmp_path, settings):
     """The transformer (FSDP2 unit per block, GQA, float32 loss): an exception in process (same pids,
     iteration 1, from step 20), then a SIGKILL by ft_launcher (new pids, from step 40); the final
-    weights are those of a fault-free run."""
+    weights are those of a fault-free run. Also as the examples train at scale."""
     import math
 
-    clean = launch(tmp_path / "clean", *LLAMA)
+    clean = launch(tmp_path / "clean", *LLAMA, *settings)
     assert clean.code == 0, clean.log[-3000:]
-    run_ = launch(tmp_path / "faults", *LLAMA, "--fault", "1:25:exc", "--fault", "0:45:sigkill")
+    run_ = launch(tmp_path / "faults", *LLAMA, *settings, "--fault", "1:25:exc", "--fault", "0:45:sigkill")
     assert run_.code == 0, run_.log[-3000:]
     starts = run_.starts()
     assert {e["model"] for e in starts} == {"llama"}

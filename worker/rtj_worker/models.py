@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,19 @@ class Llama(nn.Module):
         cos, sin = rope_tables(cfg, self.tok_emb.weight.device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # Keep only each block's input for the backward pass and recompute the rest there (non-reentrant
+        # torch.utils.checkpoint, so parameter names, and checkpoints, are the same either way).
+        self.activation_checkpointing = False
         self.reset_parameters()
+
+    def init_weights(self) -> None:
+        """Weights and the rope tables where the model now is: after a build on the meta device, sharding
+        and `to_empty` (which leaves every tensor uninitialized), each rank initializes only its shard."""
+        self.reset_parameters()
+        with torch.no_grad():
+            cos, sin = rope_tables(self.cfg, self.rope_cos.device)
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -137,7 +150,10 @@ class Llama(nn.Module):
         """(B, T) token ids -> (B, T, vocab) logits."""
         h = self.tok_emb(tokens)
         for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                h = checkpoint(layer, h, self.rope_cos, self.rope_sin, use_reentrant=False)
+            else:
+                h = layer(h, self.rope_cos, self.rope_sin)
         return self.output(self.norm(h))
 
 

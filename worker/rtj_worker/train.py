@@ -49,7 +49,7 @@ from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from . import ckpt_index, events, exit_codes, memstate, ranks
 from .checkpoint import WRITERS, Checkpointer, agree_min
@@ -88,6 +88,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=1024, help="Llama: vocabulary size.")
     parser.add_argument("--seq-len", type=int, default=128, help="Llama: tokens per sequence.")
     parser.add_argument("--batch", type=int, default=32, help="Rows (MLP) or sequences (Llama) per rank and step.")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: compute in bfloat16 (FSDP2 mixed precision: parameters gathered in bf16, "
+                             "gradients reduced in fp32, parameters and optimizer state kept in fp32, so "
+                             "checkpoints are the same either way).")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="Llama: keep only each block's input for the backward pass and recompute the rest "
+                             "(about a third more compute; activations shrink about n_layers-fold).")
+    parser.add_argument("--init", choices=("device", "meta"), default="device",
+                        help="Llama: build whole on the device, then shard; or build on the meta device, shard "
+                             "block by block and initialize only each rank's shard (no rank ever holds the "
+                             "whole model: what a model larger than one GPU needs).")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--checkpoint-dir", default=os.environ.get("RTJ_CHECKPOINT_DIR", "/tmp/rtj-checkpoints"))
@@ -134,23 +145,30 @@ def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Modu
     """The same initial weights at every call (every restart iteration starts from them or a checkpoint)."""
     torch.manual_seed(args.seed)
     if args.model == "llama":
-        with torch.device(device):  # initialized where it trains: no host copy of a large model
-            return Llama(llama_config(args))
+        # Initialized where it trains (no host copy of a large model), or nowhere yet (meta: fresh() shards
+        # it, then each rank initializes its shard).
+        with torch.device("meta" if args.init == "meta" else device):
+            model = Llama(llama_config(args))
+        model.activation_checkpointing = args.activation_checkpointing
+        return model
     layers: list[torch.nn.Module] = []
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.model_dim, args.model_dim), torch.nn.GELU()]
     return torch.nn.Sequential(*layers).to(device)
 
 
-def shard(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: torch.device, world: int, precision: str = "fp32") -> torch.nn.Module:
     """FSDP2 over an explicit 1-D mesh of every rank: each unit (an MLP's Linear, a transformer block)
     gathers its parameters only around its own forward and backward; the root holds the rest (Llama's
-    embedding, final norm and output head). Each rank holds 1/world of every weight."""
+    embedding, final norm and output head). Each rank holds 1/world of every weight. bf16: units gather
+    their parameters in bf16 and reduce gradients in fp32; the sharded parameters stay fp32."""
     mesh = init_device_mesh(device.type, (world,))
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16"
+              else MixedPrecisionPolicy())
     units = model.layers if isinstance(model, Llama) else [m for m in model if isinstance(m, torch.nn.Linear)]
     for unit in units:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -248,7 +266,11 @@ class Sections:
 
 
 def fresh(args: argparse.Namespace, device: torch.device, world: int) -> tuple[torch.nn.Module, Any]:
-    model = shard(build_model(args, device), device, world)
+    model = shard(build_model(args, device), device, world, args.precision)
+    if isinstance(model, Llama) and args.init == "meta":
+        model.to_empty(device=device)
+        torch.manual_seed(args.seed)
+        model.init_weights()
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
