@@ -7,6 +7,7 @@ Prometheus Go module by hack/promtool/build.sh (cached; set RTJ_PROMTOOL_BIN to 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -236,3 +237,76 @@ def test_every_alert_links_its_runbook_section():
         url = rule["annotations"]["runbook_url"]
         assert url == f"https://example.com/runbook#{rule['alert'].lower()}", url
         assert url.split("#")[1] in headings, url
+
+
+SERIES = re.compile(r'^(\w+)\{(.*)\}$')
+# Labels a scrape adds (the ServiceMonitor's target labels); the exporter's own are the rest.
+SCRAPE_LABELS = {"service", "pod"}
+# Labels whose values the exporter takes from a closed set: an input series with another value is one the
+# exporter never emits.
+CLOSED = {"phase", "tier", "charged", "type", "budget", "kind"}
+
+
+def exported_series() -> dict[str, list[dict[str, str]]]:
+    """The label sets the real exporter (rtj_operator.metrics, as scraped) emits, by sample name, for jobs
+    in every state the alert tests model: running with restarts and a checkpoint, waiting on each
+    condition an alert watches, queued."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.parser import text_string_to_metric_families
+    from test_metrics import SPEC, STATUS
+
+    from rtj_operator import metrics
+
+    def cond(type_: str, reason: str) -> dict[str, str]:
+        return {"type": type_, "status": "True", "reason": reason, "message": "", "lastTransitionTime":
+                "2026-12-03T10:00:00Z"}
+
+    jobs = {
+        "running": STATUS,
+        "waiting": {**STATUS, "phase": "Restarting", "conditions": [
+            cond("WaitingForFencing", "NodeNotFenced"), cond("WaitingForPodTermination", "PodStuckTerminating"),
+            cond("WaitingForCapacity", "Unschedulable")]},
+        "queued": {"phase": "Queued", "conditions": [cond("Queued", "Pending")]},
+    }
+    for name, status in jobs.items():
+        metrics.record_job("team-a", name, status, SPEC)
+    try:
+        text = prometheus_client_exposition(REGISTRY)
+    finally:
+        for name in jobs:
+            metrics.forget("team-a", name)
+    out: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("rtj_"):
+                out.setdefault(sample.name, []).append(dict(sample.labels))
+    return out
+
+
+def prometheus_client_exposition(registry) -> str:
+    from prometheus_client import generate_latest
+    return generate_latest(registry).decode()
+
+
+def test_the_alert_tests_feed_series_shaped_as_the_exporter_emits_them():
+    """Issue 30.7: the promtool tests above feed hand-written series; each must be one the exporter really
+    emits: its name, its own label keys (the scrape adds the target's), and for the labels with a closed
+    set of values, a value the exporter emits (a RestartStorm test that fed `tier="Pod"`, or a series
+    without `charged`, would pass promtool and never fire in a cluster). Counters the alerts take
+    increase() of start at 0, as the exporter starts them."""
+    real = exported_series()
+    fed = [(m[1], dict(re.findall(r'(\w+)="([^"]*)"', m[2])), s["values"]) for test in TESTS
+           for s in test["input_series"] if (m := SERIES.match(s["series"].strip()))]
+    assert len(fed) == sum(len(t["input_series"]) for t in TESTS)
+    for name, labels, values in fed:
+        assert name in real, f"{name}: the exporter emits no such series"
+        own = {k: v for k, v in labels.items() if k not in SCRAPE_LABELS}
+        if name in ("rtj_leader", "rtj_jobs"):  # the operator's own: its namespace is the target's
+            own.pop("namespace", None)
+        shapes = {frozenset(ls) for ls in real[name]}
+        assert frozenset(own) in shapes, (name, sorted(own), sorted(map(sorted, shapes)))
+        for key in own.keys() & CLOSED:
+            emitted = {ls[key] for ls in real[name] if key in ls}
+            assert own[key] in emitted, (name, key, own[key], sorted(emitted))
+        if name == "rtj_job_restarts_charged_total":
+            assert values.split()[0].startswith("0"), (labels, values)  # the exporter's first sample is 0

@@ -371,6 +371,22 @@ def test_a_plain_ddp_script_is_respawned_and_its_launcher_restart_shows(tmp_path
     assert (tmp_path / "ckpt" / "plain" / "resumed-from").read_text().split() == ["0", "10"]
 
 
+def test_a_script_with_the_progress_library_shows_its_steps_and_what_a_restart_rolled_back(tmp_path):
+    """Issue 28: the level between a plain script and the reference trainer: a plain DDP script that reports
+    with rtj_worker.progress.for_this_rank only. Its pod shows STEP and CKPT-STEP, and its launcher restart
+    is counted at its next run's first step, with the steps it rolled back (what a plain script cannot
+    show)."""
+    script = Path(__file__).parent / "user_scripts" / "with_progress.py"
+    run_ = local.start(tmp_path, [], command=["python", str(script), "--steps", "30", "--crash-at", "12"]).wait(240)
+    assert run_.code == exit_codes.OK, run_.log[-3000:]
+    progress = run_.report["progress"]
+    assert progress["step"] == 30 and run_.report["checkpointStep"] == 30, run_.report
+    assert progress["restarts"] == {"InProcess": 0, "Launcher": 1} and "recovering" not in progress, progress
+    # Rank 1 died before step 12; rank 0 had made step 11; the run resumed from the checkpoint of step 10.
+    assert progress["last"]["rolledBack"] == 1 and progress["last"]["cause"] == "RankExited", progress
+    assert progress["stepSeconds"] > 0
+
+
 # A stand-in for ft_launcher: prints lines (its own log records carry its pid), optionally runs the
 # training command, exits with the given code.
 FAKE_LAUNCHER = ("import os, subprocess, sys; code, lines, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]; "

@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,29 @@ class RankProgress:
                            **record})
         with contextlib.suppress(OSError), open(self.dir / EVENTS, "a") as out:
             out.write(line + "\n")  # one short write: appends of several ranks stay whole
+
+
+def for_this_rank(env: Mapping[str, str] = os.environ) -> RankProgress:
+    """This rank's reporter, for a training script of your own that rtj-worker runs (the worker image's
+    entrypoint, which every RTJ pod runs): the pod's state dir, the local rank and the worker group, from
+    the environment ft_launcher and the operator set, as the reference trainer builds its own. Outside
+    rtj-worker (no RTJ_STATE_DIR) it writes nothing. Standard library only: no torch, no NVRx.
+
+        progress = for_this_rank()
+        progress.loaded(resumed)  # the committed step this run resumed from (0: none)
+        progress.started(dist.get_rank(), 0, resumed)
+        for step in range(resumed + 1, steps + 1):
+            ...  # train one step
+            progress.stepped(step)
+            if checkpoint_committed:
+                progress.commit(step)
+
+    What the pod then shows: STEP, the step time and goodput, restarts counted when the next run makes
+    its first step with the steps they rolled back, and CKPT-STEP (docs/your-script.md)."""
+    from .ranks import group_key
+
+    return RankProgress(env.get("RTJ_STATE_DIR"), int(env.get("LOCAL_RANK") or 0),
+                        f"{group_key(env)}/r{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
 
 
 def read_progress(state_dir: Path) -> dict[str, Any] | None:

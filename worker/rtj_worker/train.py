@@ -55,7 +55,7 @@ from . import ckpt_index, events, exit_codes, memstate, ranks
 from .checkpoint import WRITERS, Checkpointer, agree_min
 from .faults import Fault, maybe_inject
 from .models import Llama, LlamaConfig, next_token_loss
-from .progress import RankProgress
+from .progress import RankProgress, for_this_rank
 from .stop import StopRequest
 
 log = logging.getLogger("rtj_worker.train")
@@ -604,8 +604,7 @@ def main(argv: list[str] | None = None) -> int:
             slot_file.write_text(str(rank // int(os.environ.get("LOCAL_WORLD_SIZE") or 1)))
     os.environ["RANK"] = str(rank)  # inprocess.Wrapper and train() read it
     # What this rank tells its pod's entrypoint (rtj_worker.report); the run: this worker group on this node.
-    progress = RankProgress(os.environ.get("RTJ_STATE_DIR"), local_rank,
-                            f"{ranks.group_key(os.environ)}/r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    progress = for_this_rank(os.environ)
     uid = os.environ.get("RTJ_UID", "")
     tiers = memstate.Tiers.from_env(os.environ, rank, world, uid)
     ckpt = Checkpointer(args.checkpoint_dir, rank, world, use_async=not args.sync_checkpoint,
