@@ -251,6 +251,9 @@ BUDGETS = (
 # only after kube-controller-manager's node-monitor-grace-period, 50 s by default) before it is
 # charged to the job.
 PEER_ATTRIBUTION_SECONDS = 60.0
+# Node losses charged within this many seconds of the first of a recovery are one event (a rack, a switch,
+# an availability zone's network): one disruption, each lost node's pod replaced all the same.
+CORRELATED_LOSS_SECONDS = 120.0
 # kube-controller-manager's Job controller delays a replacement pod by 10 s x 2^(failures-1), capped
 # at 10 min, counting every failed pod of the Job (pkg/controller/job: DefaultJobPodFailureBackOff).
 JOB_BACKOFF_BASE, JOB_BACKOFF_MAX = 10.0, 600.0
@@ -667,6 +670,7 @@ class Charge:
     why: str = ""  # for NOBODY: FAILS (the job fails instead), DUPLICATE, EXCUSED (NotCharged), HOLD, SUSPENDED
     hold: float = 0.0  # HOLD: decide again in this many seconds (the finding stays unseen)
     cause: str = ""  # EXCUSED: what it follows from, when not the fault being recovered
+    correlated: bool = False  # PLATFORM: a node lost in the same event as one charged already (not counted again)
 
     @property
     def seen(self) -> bool:
@@ -676,7 +680,8 @@ class Charge:
 
 def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
               suspended: bool = False, capacity: bool = False,
-              stopped_by_suspend: frozenset[str] = frozenset()) -> tuple[list[Charge], Fault]:
+              stopped_by_suspend: frozenset[str] = frozenset(), lost: frozenset[str] = frozenset(),
+              window_open: bool = False) -> tuple[list[Charge], Fault]:
     """Who pays for each new finding, in CHARGE_ORDER: one fault, one charge.
 
     - While the job is suspended (by the user or a queue), or being suspended, nothing is charged: the
@@ -694,10 +699,21 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
       they while a pod of the gang finds no node (`capacity`), whatever attempt the gang is at: no
       rendezvous can complete without that pod. So are a peer's exits then (its gang stopped because a
       survivor gave up on that rendezvous): with too few nodes the pods take turns on the ones there are.
+    - Nodes lost in one event are one disruption: a node of `lost` (not one a health agent reports bad)
+      lost while a loss of this fault is charged already, in this pass or, with `window_open`, in one
+      of the last CORRELATED_LOSS_SECONDS, is charged to the platform as a restart of its pod (it is
+      replaced) but not as another disruption (`correlated`).
     A job that keeps failing still ends Failed: each new fault, once the gang has recovered, is charged."""
     charges: list[Charge] = []
     nodes, faults, platform = list(fault.nodes), fault.faults, fault.platform
     charged_once: set[str] = set()  # kinds charged once per attempt, charged in this pass
+    losses_now: list[str] = []  # lost nodes (of `lost`) charged in this pass
+
+    def first_loss() -> str | None:
+        """The lost node an event's later losses are counted with, if the window is open."""
+        if losses_now:
+            return losses_now[0]
+        return next((n for n in fault.nodes if n in lost), None) if window_open else None
     for f in sorted(findings, key=lambda f: CHARGE_ORDER.get(f.kind, 1)):
         meaning = f.meaning
         if suspended or f.uid in stopped_by_suspend:
@@ -721,9 +737,16 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
                 continue
             charged_once.add(f.kind)
         payer, message = meaning.payer, f.message
+        if payer == PLATFORM and f.lost_node in lost and (first := first_loss()) is not None:
+            charges.append(Charge(f, PLATFORM, meaning.tier, f"{f.message} (lost in the same event as node "
+                                                             f"{first}: not another disruption)", correlated=True))
+            nodes.append(f.lost_node)
+            continue
         if payer == PEERS:
             if peers := [n for n in sorted(lost_nodes) if n not in nodes]:
                 nodes.append(peers[0])
+                if peers[0] in lost:
+                    losses_now.append(peers[0])
                 faults, platform = faults + 1, True
                 charges.append(Charge(f, PLATFORM, meaning.tier, f"{f.message} (node {peers[0]} of its gang is "
                                                                   f"lost: {lost_nodes[peers[0]]})"))
@@ -740,6 +763,8 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
         charges.append(Charge(f, payer, meaning.tier, message))
         if f.lost_node:
             nodes.append(f.lost_node)
+            if f.lost_node in lost and payer == PLATFORM:
+                losses_now.append(f.lost_node)
         faults, platform = faults + 1, platform or payer == PLATFORM
     return charges, Fault(fault.attempt, tuple(nodes), faults, platform)
 

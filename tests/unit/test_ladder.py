@@ -313,3 +313,31 @@ def test_many_nodes_going_dark_at_once_brake_evictions():
     nodes.update(n1=None, n2=None)  # deleted: fenced, so their pods are replaced whatever the brake
     fenced = ladder.plan(pods, nodes, set(), NOW, TIMING)
     assert not fenced.brake and len(fenced.actions) == 3
+
+
+# --- issue 29.5: nodes lost in one event are one disruption ----------------------------------------------
+LOSS = {n: finding(ladder.PLATFORM_FAULT, f"p{n[1:]}", "NodeUnreachable", lost_node=n) for n in ("n0", "n1", "n2")}
+
+
+@pytest.mark.parametrize("findings, fault, lost, window_open, expect, after", [
+    # Three nodes lost in one pass (a rack): the first is the disruption, the others its event's.
+    ([LOSS["n0"], LOSS["n1"], LOSS["n2"]], ladder.Fault(1), {"n0", "n1", "n2"}, False,
+     [("p0", False), ("p1", True), ("p2", True)], ladder.Fault(1, ("n0", "n1", "n2"), 1, True)),
+    # A later pass, within the window of the recovery's first loss: the same event.
+    ([LOSS["n2"]], ladder.Fault(1, ("n0",), 1, True), {"n0", "n2"}, True, [("p2", True)],
+     ladder.Fault(1, ("n0", "n2"), 1, True)),
+    # ... past it: another disruption.
+    ([LOSS["n2"]], ladder.Fault(1, ("n0",), 1, True), {"n0", "n2"}, False, [("p2", False)],
+     ladder.Fault(1, ("n0", "n2"), 2, True)),
+    # A node its health agent reports bad is a fault of its own, not part of a loss (no brake either way).
+    ([LOSS["n0"], LOSS["n1"]], ladder.Fault(1), {"n0"}, False, [("p0", False), ("p1", False)],
+     ladder.Fault(1, ("n0", "n1"), 2, True)),
+    # A job's failure being recovered opens no event for a node lost later.
+    ([LOSS["n1"]], ladder.Fault(1, (), 1), {"n1"}, True, [("p1", False)], ladder.Fault(1, ("n1",), 2, True)),
+])
+def test_nodes_lost_in_one_event_are_one_disruption(findings, fault, lost, window_open, expect, after):
+    charges, fault_after = ladder.attribute(findings, fault, {n: "NodeUnreachable" for n in lost},
+                                            lost=frozenset(lost), window_open=window_open)
+    assert [(c.finding.pod, c.correlated) for c in charges] == expect
+    assert all(c.payer == ladder.PLATFORM for c in charges)
+    assert fault_after == after

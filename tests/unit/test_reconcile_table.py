@@ -254,6 +254,28 @@ def test_a_lost_node_is_charged_as_a_disruption_then_its_pod_evicted():
     assert acted.status.disruptions == 1
 
 
+def test_nodes_lost_in_one_event_are_one_disruption_and_a_later_loss_another():
+    """Issue 29.5: three of eight nodes (a rack) lost together, then a fourth within the window: one
+    disruption, every lost node's pod replaced; a loss after the window is another disruption."""
+    w = W(pods=8, nodes={"count": 8}, restartBudget={"nodeLossGraceSeconds": 30})
+    for n in ("n1", "n2", "n3"):
+        w.world.nodes[n] = node(n, "Unknown", since=40)
+    rack = w.run()
+    st = rack.status
+    assert (st.disruptions, st.restarts_by_tier.get("ReplacePod"), st.job_restarts) == (1, 3, 0), st
+    assert sum("same event as node n1" in e.message for e in rack.events) == 2
+    w.body["status"] = st.to_dict()
+    w.world.nodes["n4"] = node("n4", "Unknown", since=40)
+    later = w.run(NOW + datetime.timedelta(seconds=60))  # within 120 s of the first charge
+    assert later.status.disruptions == 1 and later.status.restarts_by_tier["ReplacePod"] == 4
+    for n in ("n1", "n2", "n3", "n4"):  # replaced by now (five of eight dark at once would be the mass-loss brake)
+        w.world.nodes[n] = node(n)
+    w.world.nodes["n5"] = node("n5", "Unknown", since=40)
+    w.body["status"] = later.status.to_dict()
+    after = w.run(NOW + datetime.timedelta(seconds=300))  # past it: another event
+    assert after.status.disruptions == 2 and after.status.restarts_by_tier["ReplacePod"] == 5
+
+
 def test_a_pod_stuck_on_a_lost_node_waits_for_fencing_then_is_failed_and_deleted_guarded_by_its_uid():
     w = W(restartBudget={"nodeLossGraceSeconds": 1, "terminatingTimeoutSeconds": 60})
     w.world.nodes["n1"] = node("n1", "Unknown", since=300)

@@ -50,9 +50,13 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
     # the pods (and the coordinator) go because of it.
     suspended = bool(d.rtj.spec["suspend"] or job.get("spec", {}).get("suspend") or ledger.suspended_for_capacity)
     # A peer's exit is explained by a node of the gang that is lost or that its health agent reports bad.
+    # Losses within CORRELATED_LOSS_SECONDS of the recovery's first charge are one event.
+    since = parse_time(status.restart_started_time)
+    window_open = since is not None and (d.now - since).total_seconds() <= ladder.CORRELATED_LOSS_SECONDS
     charges, fault = ladder.attribute(plan.findings, fault, {**plan.unhealthy, **plan.lost_nodes},
                                       suspended=suspended, capacity=short_of_capacity,
-                                      stopped_by_suspend=ladder.stopped_by_suspend(d.world.pods, job))
+                                      stopped_by_suspend=ladder.stopped_by_suspend(d.world.pods, job),
+                                      lost=frozenset(plan.lost_nodes), window_open=window_open)
     ledger.charged = fault
     gang: tuple[str, str] | None = None
     for c in charges:
@@ -78,7 +82,7 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
             return
         if c.payer != ladder.NOBODY:
             record_restart(d, c.tier or ladder.REPLACE_POD, c.finding.reason, c.message,
-                           platform=c.payer == ladder.PLATFORM)
+                           platform=c.payer == ladder.PLATFORM, counted=not c.correlated)
         if c.tier == ladder.GANG_RESTART and not gang:
             gang = (c.finding.reason, rule.gang_reason_excused if c.payer == ladder.NOBODY else rule.gang_reason)
     permanent = plan.permanent
@@ -92,8 +96,9 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
         next_attempt(d, *gang)
 
 
-def record_restart(d: Draft, tier: str, reason: str, message: str, platform: bool) -> None:
-    """Bookkeeping of one restart: counters, progress, condition, metric and event."""
+def record_restart(d: Draft, tier: str, reason: str, message: str, platform: bool, counted: bool = True) -> None:
+    """Bookkeeping of one restart: counters, progress, condition, metric and event. `counted`: against its
+    budget (a node lost in the same event as one charged already is a restart, not another disruption)."""
     status, budget = d.status, d.rtj.spec["restartBudget"]
     status.restarts_by_tier[tier] = status.restarts_by_tier.get(tier, 0) + 1
     status.restarts = sum(status.restarts_by_tier.values())
@@ -106,7 +111,7 @@ def record_restart(d: Draft, tier: str, reason: str, message: str, platform: boo
     d.metrics.append(lambda t=tier, c=ladder.PLATFORM if platform else ladder.JOB:
                      metrics.RESTARTS_CHARGED.labels(t, c).inc())
     if platform:
-        status.disruptions += 1
+        status.disruptions += 1 if counted else 0
     else:
         status.job_restarts += 1
         track_progress(status)
