@@ -71,12 +71,17 @@ def record_job(namespace: str, name: str, status: dict[str, Any], spec: dict[str
     budget = spec.get("restartBudget") or {}
     with _lock:
         # The newest recovery of each tier this operator saw (status keeps only the newest of all).
-        by_tier = dict((_jobs.get((namespace, name)) or {}).get("byTier") or {})
+        known = _jobs.get((namespace, name)) or {}
+        by_tier = dict(known.get("byTier") or {})
+        rolled_back = dict(known.get("rolledBack") or {})
         last = status.get("lastRecovery") or {}
         if last.get("tier") in ladder.ALL_TIERS and last.get("seconds") is not None:
             by_tier[last["tier"]] = float(last["seconds"])
+        if last.get("tier") in ladder.ALL_TIERS and last.get("stepsRolledBack") is not None:
+            rolled_back[last["tier"]] = float(last["stepsRolledBack"])
         _jobs[(namespace, name)] = {
             "phase": status.get("phase") or "Pending", "status": status, "byTier": by_tier,
+            "rolledBack": rolled_back,
             "spec": {"budget": {k: budget.get(k) for k, _ in BUDGETS},
                      "intervalSteps": (spec.get("checkpoint") or {}).get("intervalSteps")}}
         _publish_phases()
@@ -127,6 +132,9 @@ class JobCollector(Collector):
                                            labels=[*LABELS, "type", "reason"]),
             "recovery": GaugeMetricFamily("rtj_job_last_recovery_seconds", "Seconds the newest recovery took, by "
                                           "tier.", labels=[*LABELS, "tier"]),
+            "rolled_back": GaugeMetricFamily("rtj_job_last_recovery_steps_rolled_back", "Steps trained again after "
+                                             "the newest recovery of each tier: the step reached at the fault "
+                                             "minus the step it resumed from.", labels=[*LABELS, "tier"]),
             "budget": GaugeMetricFamily("rtj_job_budget_remaining", "Restarts left in each restartBudget counter.",
                                         labels=[*LABELS, "budget"]),
             "ckpt": GaugeMetricFamily("rtj_job_checkpoint_step", "Newest committed checkpoint step.", labels=LABELS),
@@ -167,6 +175,8 @@ class JobCollector(Collector):
                     fam["condition"].add_metric([*job, str(cond.get("type")), str(cond.get("reason") or "")], 1.0)
             for tier, seconds in sorted((snap.get("byTier") or {}).items()):
                 fam["recovery"].add_metric([*job, tier], seconds)
+            for tier, steps in sorted((snap.get("rolledBack") or {}).items()):
+                fam["rolled_back"].add_metric([*job, tier], steps)
             for limit, counter in BUDGETS:
                 if spec["budget"].get(limit) is not None:
                     fam["budget"].add_metric([*job, limit], max(0, spec["budget"][limit] - int(st.get(counter) or 0)))

@@ -58,9 +58,18 @@ def test_the_dashboard_has_the_job_variables_and_the_rows():
     variables = [v["name"] for v in DASHBOARD["templating"]["list"]]
     assert variables == ["datasource", "namespace", "job"]
     rows = [p["title"] for p in DASHBOARD["panels"] if p["type"] == "row"]
-    assert rows == ["Now", "Progress", "Recovery by tier", "Goodput"]
+    assert rows == ["Now", "Progress", "Recovery by tier", "Goodput", "Operator", "GPUs (DCGM)"]
     per_job = [e for e in targets() if "rtj_job_" in e or "rtj_checkpoint_age" in e]
-    assert per_job and all('namespace="$namespace", name=~"$job"' in e for e in per_job)
+    assert per_job and all('namespace=~"$namespace", name=~"$job"' in e for e in per_job)
+    # Every namespace at once (All), and GPU series joined on the jobs' pods by their Indexed Job names.
+    namespace = DASHBOARD["templating"]["list"][1]
+    assert namespace["includeAll"] and namespace["allValue"] == ".*"
+    assert all('pod=~"($job)-[0-9]+-.+"' in e for e in targets() if "DCGM_" in e)
+    # Tables are instant queries in table format: one row per series, not frames over time.
+    tables = [p for p in DASHBOARD["panels"] if p["type"] == "table"]
+    assert tables and all(t["format"] == "table" and t["instant"] for p in tables for t in p["targets"])
+    [marks] = DASHBOARD["annotations"]["list"]
+    assert "rtj_job_restarts_charged_total" in marks["expr"] and marks["enable"]
     ids = [p["id"] for p in DASHBOARD["panels"]]
     assert len(ids) == len(set(ids))
     for p in DASHBOARD["panels"]:  # on the 24-column grid
