@@ -249,9 +249,81 @@ def check_two_ranks(ctx: Context) -> list[Row]:
                 detail)]
 
 
+def example_shapes() -> list[tuple[str, list[str], int]]:
+    """(example, its trainer arguments, its world) for each example that trains the reference Llama."""
+    import yaml
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["spec"]
+        args = list(spec.get("args") or [])
+        if "--model" in args and args[args.index("--model") + 1] == "llama":
+            out.append((path.stem, args, spec["nodes"]["count"] * spec.get("gpusPerNode", 8)))
+    return out
+
+
+def check_shapes(ctx: Context) -> list[Row]:
+    """Issue 27.4: one transformer block at each example's shape and settings (precision, activation
+    checkpointing, the deterministic math attention unless --nondeterministic), forward and backward on
+    the GPU: its peak memory against rtj_worker.footprint's estimate of one block (activations, its
+    gathered parameters and gradients). With --cpu: the same code at the CPU model's shape, no memory
+    figure (the estimate is printed)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from rtj_worker import footprint
+    from rtj_worker import train as trainer
+    from rtj_worker.models import Block, rope_tables
+
+    rows = []
+    device = torch.device("cpu") if ctx.cpu else torch.device("cuda", 0)
+    try:
+        shapes = example_shapes()
+    except ImportError as exc:  # PyYAML, for the examples: NVRx's dependency, so in the bundle; said if not
+        return [Row("one block at each example's shape", "SKIP", 0, f"cannot read the examples: {exc}")]
+    if ctx.cpu:  # the examples' settings at a shape a CPU computes in seconds
+        shapes = [(f"{name} (CPU model)", [*model_flags(MODELS["cpu"]), *[a for a in args if a in (
+            "--precision", "bf16", "--activation-checkpointing")]], world) for name, args, world in shapes]
+    for name, args, world in shapes:
+        started = time.monotonic()
+        a = trainer.parse_args(args)
+        if not a.nondeterministic:
+            trainer.deterministic(device)
+        cfg = trainer.llama_config(a)
+        dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+        one = footprint.estimate([*args, "--layers", "1"], world)
+        assert one is not None
+        if not ctx.cpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        block = Block(cfg).to(device=device, dtype=dtype)
+        cos, sin = (t.to(device) for t in rope_tables(cfg))
+        x = torch.randn(a.batch, a.seq_len, cfg.dim, device=device, dtype=dtype, requires_grad=True)
+        out = (checkpoint(block, x, cos, sin, use_reentrant=False) if a.activation_checkpointing
+               else block(x, cos, sin))
+        out.float().square().mean().backward()
+        if ctx.cpu:
+            rows.append(Row(f"one block of {name}", "ok", time.monotonic() - started,
+                            f"{a.precision}, recompute {a.activation_checkpointing}: forward and backward ran; "
+                            f"estimate {(one.activations + one.gathered) / 2**20:.1f} MiB (no memory figure on CPU)"))
+            continue
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        estimated = one.activations + one.gathered
+        ok = peak <= 1.5 * estimated
+        rows.append(Row(f"one block of {name}", "ok" if ok else "FAIL", time.monotonic() - started,
+                        f"{a.batch}x{a.seq_len} tokens, dim {cfg.dim}, {a.precision}, recompute "
+                        f"{a.activation_checkpointing}: peak {peak / 2**30:.2f} GiB, estimated "
+                        f"{estimated / 2**30:.2f} GiB ({peak / estimated:.2f}x); the whole example: "
+                        f"{footprint.estimate(args, world).describe()}"))  # type: ignore[union-attr]
+        del block, x, out
+    return rows
+
+
 CHECKS: dict[str, tuple[Callable[[Context], list[Row]], float]] = {  # name: (check, seconds it may take on a GPU)
     "clean": (check_clean, 45), "faults": (check_faults, 120), "nan": (check_nan, 30), "stall": (check_stall, 80),
-    "checkpoints": (check_checkpoints, 120), "two-ranks": (check_two_ranks, 90),
+    "checkpoints": (check_checkpoints, 120), "two-ranks": (check_two_ranks, 90), "shapes": (check_shapes, 20),
 }
 
 
@@ -353,7 +425,11 @@ def environment(cpu: bool) -> str:
     nvrx = importlib.metadata.version("nvidia-resiliency-ext")
     where = ("CPU (--cpu)" if cpu else f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
              if torch.cuda.is_available() else "no CUDA device")
-    return (f"GPU check on {where}: torch {torch.__version__}, NVRx {nvrx}, Python {sys.version.split()[0]}, "
+    nccl = ""
+    if not cpu and torch.cuda.is_available():
+        with contextlib.suppress(Exception):  # torch built without NCCL
+            nccl = ", NCCL " + ".".join(str(v) for v in torch.cuda.nccl.version())
+    return (f"GPU check on {where}: torch {torch.__version__}{nccl}, NVRx {nvrx}, Python {sys.version.split()[0]}, "
             f"{os.cpu_count()} CPUs; {'gloo' if cpu else 'nccl'} world 1, gloo world 2 for two ranks")
 
 
