@@ -44,11 +44,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .localcluster import LocalCluster, kube_bin_dir, serve_until_stopped
 from .nodes import KWOK_LABEL, cpu_node, p5_node
 from .slowfs import SlowVolume
+
+if TYPE_CHECKING:
+    from .netpol import Enforcer
 
 BRIDGE, BRIDGE_IP, PREFIX = "rtjbr0", "10.77.0.1", 24
 API_RELAY_PORT = 6443  # on BRIDGE_IP: the pods' KUBERNETES_SERVICE_HOST/PORT (the API certificate names it)
@@ -775,7 +778,20 @@ class AgentNodes:
             raise
         return self
 
+    def enforce_network_policies(self) -> Enforcer:
+        """NetworkPolicy ingress enforced in every agent's network namespace (netpol.py: a stand-in for the
+        cluster's engine) until `enforcer.stop()` or the agents stop; returns once the first rules are on."""
+        from .netpol import Enforcer
+
+        self.enforcer = Enforcer(self.cluster.api, [(a.netns, a.name, a.ip) for a in self.agents], BRIDGE_IP).start()
+        if not self.enforcer.synced.wait(30):
+            raise TimeoutError("the NetworkPolicy enforcer did not sync in 30 s")
+        return self.enforcer
+
     def stop(self) -> None:
+        if getattr(self, "enforcer", None) is not None:
+            with contextlib.suppress(Exception):
+                self.enforcer.stop()
         for agent in self.agents:
             with contextlib.suppress(Exception):
                 agent.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -413,6 +414,62 @@ def test_dns_record_of_a_new_pod_appears_within_seconds(cluster: LocalCluster, n
     assert address == pod["status"]["podIP"] == agents.by_name(pod["spec"]["nodeName"]).ip
     print(f"DNS: record of a new pod resolvable {lag:.2f}s after the pod was created")
     assert lag < 10
+
+
+# A pod's connection attempt: exit 0 if a TCP connection to HOST:PORT opens within 3 s, 1 if not.
+PROBE = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+         "except OSError as exc:\n    sys.exit(f'no connection: {exc}')")
+
+
+def test_a_pod_outside_the_job_cannot_reach_its_rendezvous(run: Run, cluster: LocalCluster, agents: AgentNodes,
+                                                           clean_result: dict[str, Any]) -> None:
+    """Issue 30.1: the RTJ's NetworkPolicy (spec.isolation, on by default) enforced by the agents'
+    stand-in engine (hack/rtj_dev/netpol.py: a simulation; the VPC CNI's agent, Calico and Cilium cannot
+    run here). The job trains to the clean run's weights under it (its own workers, coordinator and
+    stores admitted); a pod of another namespace, on a node of its own, cannot open a connection to the
+    coordinator's rendezvous port, until spec.isolation.allowFrom names its namespace."""
+    enforcer = agents.enforce_network_policies()
+    outsiders = f"{run.ns}-nosy"[:63]
+    cluster.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": outsiders}})
+    try:
+        run.apply()
+        run.wait_training()
+        coordinator = run.job.coordinator()
+        assert coordinator is not None
+        env = {e["name"]: e.get("value") for e in (run.job.job() or {})["spec"]["template"]["spec"]["containers"][0]
+               ["env"]}
+        port = env["RTJ_RDZV_ENDPOINT"].rsplit(":", 1)[1]
+        host = coordinator["status"]["podIP"]
+        used = {p["spec"]["nodeName"] for p in run.job.pods()} | {coordinator["spec"]["nodeName"]}
+        free = next(a for a in agents.agents if a.name not in used)
+        wait_until(lambda: cluster.api("GET", f"/api/v1/namespaces/{outsiders}/serviceaccounts/default",
+                                       missing_ok=True), what="default ServiceAccount")
+
+        def probe(name: str) -> str:
+            cluster.api("POST", f"/api/v1/namespaces/{outsiders}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"nodeName": free.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                         "tolerations": TOLERATIONS, "containers": [{"name": "c", "image": "none", "command": [
+                             sys.executable, "-c", PROBE, host, port]}]}})
+
+            def ended() -> str | None:
+                phase = cluster.api("GET", f"/api/v1/namespaces/{outsiders}/pods/{name}")["status"].get("phase")
+                return phase if phase in ("Succeeded", "Failed") else None
+            return wait_until(ended, timeout=30, what=f"probe {name}", interval=0.2)
+
+        assert probe("blocked") == "Failed"  # the connection never opened
+        run.job.patch({"isolation": {"enabled": True, "allowFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": outsiders}}}]}})
+        attempt = iter(range(100))
+        wait_until(lambda: probe(f"admitted-{next(attempt)}") == "Succeeded", timeout=60,
+                   what="a probe admitted once allowFrom names its namespace")
+        status = run.wait_done()
+        assert status.get("jobRestarts", 0) == 0 and status.get("disruptions", 0) == 0, status
+        assert same_weights(run.result(), clean_result)
+    finally:
+        enforcer.stop()
+        agents.kill_namespace(outsiders)
 
 
 @pytest.mark.slow

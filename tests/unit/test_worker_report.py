@@ -452,3 +452,19 @@ def test_a_rendezvous_after_a_peers_restart_counts_nothing_here(tmp_path: Path) 
     pod.line(PEER)
     pod.line(JOINED)
     assert pod.report()["restarts"] == {"InProcess": 0, "Launcher": 0}
+
+
+@pytest.mark.parametrize("files, reported, expect", [
+    ({}, None, 0),
+    ({}, 30, 30),  # a script on the progress library: its own commits
+    ({"latest_checkpointed_iteration.txt": "40\n"}, 30, 40),  # Megatron-style, newer
+    ({"latest_checkpointed_iteration.txt": "20\n"}, "30", 20),  # a report that is not a step: ignored
+])
+def test_the_exit_report_names_the_newest_step_any_way_the_script_said_it(tmp_path, files, reported, expect):
+    from rtj_worker import entrypoint
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    progress = {"v": 1, "ckpt": reported} if reported is not None else None
+    entrypoint.write_termination(0, "done", str(tmp_path), str(tmp_path / "termination-log"), progress=progress)
+    assert json.loads((tmp_path / "termination-log").read_text())["checkpointStep"] == expect

@@ -119,9 +119,14 @@ def write_termination(code: int, reason: str, checkpoint_dir: str, path: str = T
     """The exit report; with `progress`, the pod's last progress report (rtj_worker.report), which the
     rate limit may not have published yet; with `lines`, the last lines of a rank's traceback, newest
     kept (the termination message holds 4096 bytes: all fit)."""
+    # The newest committed step any of the three ways a script can say it: the reference trainer's layout,
+    # a latest_checkpointed_iteration.txt (Megatron-LM, NeMo, NVRx), the ranks' own commit reports
+    # (rtj_worker.progress: the reference trainer and scripts on the progress library).
+    reported = (progress or {}).get("ckpt")
     report: dict[str, Any] = {"exitCode": code, "reason": reason[:MAX_REASON_CHARS],
                               "checkpointStep": max(latest_step(Path(checkpoint_dir), uid),
-                                                    latest_iteration(Path(checkpoint_dir)))}
+                                                    latest_iteration(Path(checkpoint_dir)),
+                                                    reported if isinstance(reported, int) else 0)}
     if progress is not None:
         report["progress"] = progress
     kept: list[str] = []
