@@ -257,7 +257,10 @@ def update_progress(status: Status, found: list[Report], now: datetime.datetime,
     """status.progress from the newest report; at most every PROGRESS_SECONDS unless `changed` or
     `force`. Returns when it is due next if it was held back."""
     old = status.progress or {}
-    newest = max(found, key=lambda r: r.at, default=None)
+    # The report of the newest step, not the newest report: a hot spare that waits reports too, step 0,
+    # and its report, the newest, read as the job's progress made training goodput 0 (bench/goodput.py,
+    # node loss with a spare: 0.0 % against the worker's 37.9 %).
+    newest = max(found, key=lambda r: (r.step_at is not None, r.step_at or 0.0, r.at), default=None)
     if newest is None and not old:
         return None
     updated = parse_time(old.get("updateTime"))

@@ -125,6 +125,17 @@ def test_live_progress_checkpoint_and_goodput_from_the_newest_report():
     assert st.goodput["startStep"] == 0
 
 
+def test_a_waiting_spares_report_never_stands_for_the_jobs_progress():
+    """Issue 30.8: a hot spare reports while it waits (step 0, no step time), often the newest report."""
+    standby = {"v": 1, "state": "Waiting", "step": 0, "leader": False, "inLoopSeconds": 0.0,
+               "restarts": {"InProcess": 0, "Launcher": 0}, "causes": {}, "at": T}
+    w = world(report(step=120, at=-3.0, leader=True, inLoopSeconds=480.0), report(step=120, at=-2.0), standby,
+              startTime=ts(600))
+    st = w.run().status
+    assert st.progress["step"] == 120 and st.progress["trainingPods"] == 2 and st.progress["reportingPods"] == 3
+    assert st.goodput["training"] == pytest.approx(120 * 0.5 / 600, abs=1e-3)
+
+
 def test_a_checkpoints_write_time_is_reported_and_a_stop_that_cannot_fit_it_is_said_once():
     """Issue 27.2: a stop (drain, spot reclaim, suspend) leaves the ranks the grace period less 30 s to
     save (rtj_worker.launch.stop_bounds); 96 GB at 300 MB/s takes about 320 s."""
