@@ -311,6 +311,8 @@ class Plan:
     unschedulable: dict[str, str] = field(default_factory=dict)
     # Ready nodes of the gang's pods that cannot train (health.unhealthy): name -> why.
     unhealthy: dict[str, str] = field(default_factory=dict)
+    # Set when many of the gang's nodes were reported unhealthy at once: none is evicted for it (why).
+    health_brake: str = ""
 
     def wait(self, seconds: float) -> None:
         self.recheck = seconds if self.recheck is None else min(self.recheck, seconds)
@@ -579,6 +581,7 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
     for name, node in nodes.items():
         if name not in result.lost_nodes and (why := health.unhealthy(node, rules)):
             result.unhealthy[name] = why
+    result.health_brake = _health_brake(result.unhealthy, len(nodes))
     for pod in pods:
         node_name = pod.get("spec", {}).get("nodeName") or ""
         if why := unschedulable(pod):
@@ -589,6 +592,8 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
             continue
         if result.brake and finding.action == EVICT:
             continue  # not a fault of this node: nothing is evicted or charged while most nodes are dark
+        if result.health_brake and finding.action == EVICT and finding.lost_node in result.unhealthy:
+            continue  # nor while most of the gang's nodes are reported unhealthy at once
         if finding.action:
             result.actions.append(finding)
         if finding.uid not in seen:
@@ -629,6 +634,17 @@ def unschedulable(pod: dict[str, Any]) -> str:
 # nodes not ready): many nodes going dark at once is the network or the control plane, not that many
 # node failures. Applied to the gang's own nodes and to their zones.
 BRAKE_FRACTION, BRAKE_MIN_NODES = 0.55, 2
+
+
+def _health_brake(unhealthy: dict[str, str], gang_nodes: int) -> str:
+    """The mass-loss brake's rule for health verdicts: two or more of the gang's nodes, and 55 % of them,
+    reported unhealthy at once is more likely the health agent (a bad rollout, a shared dependency such as
+    a driver or fabric manager update) than that many bad GPUs; evicting them all would stop the job for a
+    verdict that may be wrong, so none is evicted for health until fewer are reported."""
+    if len(unhealthy) >= BRAKE_MIN_NODES and len(unhealthy) >= BRAKE_FRACTION * gang_nodes:
+        return (f"{len(unhealthy)} of the gang's {gang_nodes} nodes reported unhealthy at once "
+                f"({', '.join(sorted(unhealthy))})")
+    return ""
 
 
 def _brake(lost: dict[str, str], evidence: dict[str, str], gang_nodes: int,

@@ -79,6 +79,40 @@ def test_a_running_pod_on_an_unhealthy_node_is_evicted_at_once_and_charged_to_th
     assert not plan.lost_nodes and not plan.brake
 
 
+def test_most_of_the_gang_reported_unhealthy_at_once_evicts_none_for_it():
+    """Issue 29.8: the mass-loss brake's rule for health verdicts (two or more nodes, and 55 % of the
+    gang's): a bad agent rollout must not take the job down one eviction per node."""
+    nodes = {"n0": sick("n0"), "n1": sick("n1"), "n2": node("n2")}
+    pods = [pod(0, node_name="n0"), pod(1, node_name="n1"), pod(2, node_name="n2")]
+    plan = ladder.plan(pods, nodes, set(), NOW, ladder.Timing())
+    assert plan.health_brake.startswith("2 of the gang's 3 nodes reported unhealthy at once (n0, n1)")
+    assert plan.findings == [] and plan.actions == []
+    # A pod that failed on such a node is still a finding (its failure is real, whatever the verdict).
+    failed = [pod(0, "Failed", code=exit_codes.LAUNCHER_BUDGET_EXHAUSTED, node_name="n0"), *pods[1:]]
+    assert [f.reason for f in ladder.plan(failed, nodes, set(), NOW, ladder.Timing()).findings] == [ladder.UNHEALTHY]
+    # One of three: that node's pod is evicted at once, as before.
+    one = ladder.plan(pods, {**nodes, "n1": node("n1")}, set(), NOW, ladder.Timing())
+    assert not one.health_brake and [(f.pod, f.action) for f in one.actions] == [("train-0-x1", ladder.EVICT)]
+
+
+def test_the_health_brake_is_a_condition_and_one_event():
+    w = W(pods=3, nodes={"count": 3})  # and the coordinator's node: 3 of 4 reported unhealthy
+    for name in ("n0", "n1", "n2"):
+        w.world.nodes[name] = sick(name)
+    intent = w.run()
+    cond = next(c for c in intent.status.conditions if c["type"] == "NodeHealthBrake")
+    assert (cond["status"], cond["reason"]) == ("True", "MassNodeUnhealthy") and "check the agent" in cond["message"]
+    assert reasons(intent).count("MassNodeUnhealthy") == 1 and not intent.actions
+    assert intent.status.disruptions == 0
+    w.body["status"] = intent.status.to_dict()
+    assert "MassNodeUnhealthy" not in reasons(w.run())  # said once
+    w.world.nodes["n1"], w.world.nodes["n2"] = node("n1"), node("n2")  # fewer now: n0's pod goes, as a lone one's
+    w.body["status"] = intent.status.to_dict()
+    after = w.run()
+    assert next(c for c in after.status.conditions if c["type"] == "NodeHealthBrake")["status"] == "False"
+    assert after.status.disruptions == 1
+
+
 def test_a_pod_that_failed_on_an_unhealthy_node_is_the_platforms_fault():
     f = ladder.classify(pod(1, "Failed", code=exit_codes.LAUNCHER_BUDGET_EXHAUSTED), sick("n1"), NOW,
                         ladder.Timing(), sick="AcceleratedHardwareReady=False (NvidiaXID79Error)")

@@ -32,6 +32,8 @@ TERMINAL = ("Succeeded", "Failed")
 WAITING_FOR_FENCING = "WaitingForFencing"
 WAITING_FOR_POD_TERMINATION = "WaitingForPodTermination"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
+# True while the health brake holds (ladder._health_brake): evictions for node health wait for a person.
+NODE_HEALTH_BRAKE = "NodeHealthBrake"
 
 # Wait reasons that bound nothing (the job trains meanwhile): their time is not the gang's wait.
 UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
@@ -187,6 +189,12 @@ def report_waits(d: Draft, plan: ladder.Plan) -> None:
                 f"index is started; {FENCING_HOW}")
     else:
         waiting(d, WAITING_FOR_FENCING, "", "")
+    if plan.health_brake:
+        waiting(d, NODE_HEALTH_BRAKE, "MassNodeUnhealthy", f"{plan.health_brake}: more likely the health agent or "
+                "something the nodes share than that many bad GPUs; no pod is evicted for its node's health "
+                "until fewer nodes are reported, and the job keeps training where it can; check the agent")
+    else:
+        waiting(d, NODE_HEALTH_BRAKE, "", "")
     if plan.stuck:
         pods = "; ".join(f"pod {pod} on node {node}" for pod, (node, _) in sorted(plan.stuck.items()))
         waiting(d, WAITING_FOR_POD_TERMINATION, "PodStuckTerminating", f"{pods}: terminating past its grace period "
