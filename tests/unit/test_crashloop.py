@@ -91,3 +91,33 @@ def test_a_chained_exception_ends_at_its_last_exception_line():
     for _ in range(2):
         fail(loop, chained)
     assert loop.loop is not None and loop.loop.signature == "SystemExit: config has no 'lr'"
+
+
+JOINED = ("[2026-12-05 10:00:02,000] [INFO] [ft_launcher42@vm] The node 'n_42_0' has joined round 2 of the "
+          "rendezvous 'job' as rank 0 in a world of size 1.")
+
+
+def test_a_traceback_forwarded_after_the_failure_record_is_that_failures():
+    """NVRx 0.4.1 (torch's log tailing) may forward a rank's traceback after the launcher's record of its
+    group's failure, before the next rendezvous: it is read with that failure, and a typo still loops at
+    the second failure (CI: read as failures without a traceback, it looped at the fourth)."""
+    loop = CrashLoop()
+    for _ in range(2):
+        assert loop.line(GROUP_FAILED)
+        first = loop.group_failed((0, 0, 0))
+        assert first.signature == NO_TRACEBACK  # nothing of its ranks yet
+        for line in traceback(0, MISSING):  # late
+            loop.line(line)
+        loop.line(JOINED)  # the next group
+    assert [f.signature for f in loop.failures] == [MISSING, MISSING]
+    assert loop.loop is not None and loop.loop.signature == MISSING
+
+
+def test_the_next_groups_rendezvous_alone_changes_nothing():
+    loop = CrashLoop()
+    fail(loop, traceback(0, MISSING))
+    loop.line(JOINED)
+    assert [f.signature for f in loop.failures] == [MISSING] and loop.loop is None
+    fail(loop, ["[default0]:usage: train.py [--lr LR]"])
+    loop.line(JOINED)
+    assert [f.signature for f in loop.failures] == [MISSING, NO_TRACEBACK] and loop.loop is None

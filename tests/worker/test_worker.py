@@ -777,7 +777,10 @@ def test_a_script_that_fails_the_same_way_at_every_restart_stops_at_the_second_w
     error = "ModuleNotFoundError: No module named 'flash_attn_typo'"
     assert run_.report["reason"].endswith(f"no step or checkpoint progress: {error}")
     assert run_.report["lines"][0] == "Traceback (most recent call last):" and run_.report["lines"][-1] == error
-    assert len(GROUP_FAILED.findall(run_.log)) == 2  # not the 20 restarts it was given
+    # Not the 20 restarts it was given: decided at the second failure, or, when NVRx 0.4.1 forwards the
+    # second one's traceback only after its record (a loaded machine), at the next group's rendezvous,
+    # which may fail once more before it is stopped.
+    assert len(GROUP_FAILED.findall(run_.log)) in (2, 3)
     assert time.monotonic() - started < 90
 
 

@@ -33,6 +33,9 @@ TRACEBACK = "Traceback (most recent call last):"
 LOG_RECORD = re.compile(r"^\[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 # The launcher's record of a failed worker group (NVRx 0.6/0.7 launcher.py: "[%s] Worker group FAILED. ...").
 GROUP_FAILED = re.compile(r"Worker group (FAILED|UNHEALTHY)")
+# A worker group joined its rendezvous, so its ranks start now: NVRx 0.4.1's c10d rendezvous ("has joined
+# round 3 of the rendezvous 'x' as rank 0"), 0.6's barrier ("has joined the rendezvous 'x' as rank 0").
+GROUP_JOINED = re.compile(r"has joined (round \d+ of )?the rendezvous")
 # What a rank sees when a peer failed, not a fault of its own (rtj_worker.train.caused_by_peer's markers).
 PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out", "Timed out",
                 "DistNetworkError", "DistStoreError", "aborted", "Socket Timeout", "RankShouldRestart")
@@ -69,6 +72,7 @@ class CrashLoop:
         self.ranks: dict[str, _Rank] = {}
         self.failures: list[Failure] = []
         self.loop: Failure | None = None
+        self._late = False  # the last failure was read before any traceback of its ranks came
 
     def line(self, line: str) -> bool:
         """Read one line of output; True if it says the worker group failed (the caller then calls
@@ -78,6 +82,9 @@ class CrashLoop:
         if match is None:
             if GROUP_FAILED.search(line) is not None:
                 return True
+            if GROUP_JOINED.search(line) is not None:
+                self.group_started()
+                return False
             if LOG_RECORD.match(line):
                 return False  # the launcher's (or a logger's) record, not what a rank printed
             # NVRx 0.6's launcher forwards the ranks' output unprefixed: theirs, rank unknown.
@@ -97,23 +104,41 @@ class CrashLoop:
 
     def group_failed(self, progress: tuple[int, ...]) -> Failure:
         """A worker group failed: record it (its ranks' output starts anew) and decide whether it loops."""
+        failure = self._failure(progress)
+        self.ranks.clear()
+        self._late = failure.signature == NO_TRACEBACK
+        self.failures = [*self.failures[-(self.repeats - 1):], failure] if self.repeats > 1 else [failure]
+        self._decide()
+        return failure
+
+    def group_started(self) -> None:
+        """A new worker group joined its rendezvous. What its ranks printed after the last failure's record
+        is that failure's: NVRx 0.4.1 (torch's log tailing) forwards the ranks' output a moment after the
+        launcher has logged the group's failure, flushing it when it stops them, before the next
+        rendezvous; on a loaded machine the traceback came after the record, and each failure read as
+        one without a traceback, so a typo looped four times instead of two (CI). Read again with it."""
+        if self._late and self.failures and any(r.lines for r in self.ranks.values()):
+            earlier = self.failures[-1]
+            self.failures[-1] = self._failure(earlier.progress, earlier.lines)
+            self.ranks.clear()
+            self._decide()
+        self._late = False
+
+    def _failure(self, progress: tuple[int, ...], earlier: tuple[str, ...] = ()) -> Failure:
         tracebacks = [r.last for r in self.ranks.values() if r.last]
         own = [t for t in tracebacks if Failure(t[-1], t, progress).own]
         if own:
-            lines = own[0]
-            failure = Failure(lines[-1], lines, progress)
-        elif tracebacks:
-            failure = Failure(tracebacks[0][-1], tracebacks[0], progress)
-        else:
-            tail = tuple(line for r in self.ranks.values() for line in list(r.lines)[-3:])
-            failure = Failure(NO_TRACEBACK, tail, progress)
-        self.ranks.clear()
-        self.failures = [*self.failures[-(self.repeats - 1):], failure] if self.repeats > 1 else [failure]
+            return Failure(own[0][-1], own[0], progress)
+        if tracebacks:
+            return Failure(tracebacks[0][-1], tracebacks[0], progress)
+        tail = tuple(line for r in self.ranks.values() for line in list(r.lines)[-3:])
+        return Failure(NO_TRACEBACK, (*earlier, *tail)[-MAX_LINES:], progress)
+
+    def _decide(self) -> None:
         recent = self.failures[-self.repeats:]
         if (len(recent) == self.repeats and all(f.own for f in recent)
                 and len({(f.signature, f.progress) for f in recent}) == 1):
-            self.loop = failure
-        return failure
+            self.loop = recent[-1]
 
     def reason(self) -> str:
         """What the pod's termination report says of the loop (the operator compares it across pods)."""

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .ckpt_index import ITERATION_FILE, latest_iteration
+from .crashloop import GROUP_JOINED
 from .progress import SOURCES, EventTail, read_progress, slowest
 
 log = logging.getLogger("rtj_worker.report")
@@ -69,9 +70,7 @@ RANK_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (
 HUNG = ("Did not get initial heartbeat", "Did not get subsequent heartbeat", "has been open for",
         "Was out of section for")
 FINISHED_LINE = "worker group successfully finished"
-# A worker group joined its rendezvous, so its ranks start now: NVRx 0.4.1's c10d rendezvous ("has joined
-# round 3 of the rendezvous 'x' as rank 0"), 0.6's barrier ("has joined the rendezvous 'x' as rank 0").
-GROUP_JOINED = re.compile(r"has joined (round \d+ of )?the rendezvous")
+
 
 
 def _cause(name: str) -> str:
