@@ -716,6 +716,14 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                     "preemption, maintenance) before Failed."),
                 "maxRestartsWithoutProgress": _int(2, 1, 1000, "Consecutive restarts without the "
                                                                "checkpoint step advancing before Failed."),
+                "windowSeconds": _int(0, 0, 31536000, "Count maxRestarts and maxDisruptions over the last this "
+                                                      "many seconds instead of the job's whole life: a long job on "
+                                                      "many nodes meets ordinary attrition (a lost node every few "
+                                                      "hours at 1000 nodes) that a lifetime count would spend. "
+                                                      "Charges older than the window no longer count; "
+                                                      "status.jobRestarts and status.disruptions still count every "
+                                                      "charge. maxRestartsWithoutProgress counts restarts in a row "
+                                                      "and is never windowed. 0: the job's life."),
                 "nodeLossGraceSeconds": _int(30, 0, 3600, "How long a node must stay NotReady or "
                                                           "unreachable (since its Ready condition changed) before "
                                                           "its pod is evicted (and charged as a disruption): a short "
@@ -977,6 +985,13 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                "time": _str("When it was posted.", format="date-time")})},
                 "stepAtFault": {"type": "integer", "description": "The step reached when the operator charged the "
                                                                   "fault it recovers (for stepsRolledBack)."},
+                "chargeTimes": _obj(
+                    {counter: {"type": "array", "items": _str(format="date-time"), "maxItems": 1001,
+                               "description": f"When each charge against {limit} that still counts was made, "
+                                              f"oldest first (at most {limit} + 1)."}
+                     for counter, limit in (("jobRestarts", "restartBudget.maxRestarts"),
+                                            ("disruptions", "restartBudget.maxDisruptions"))},
+                    description="With restartBudget.windowSeconds: the charges within the window, per budget."),
             },
             description="Bookkeeping of the recovery in progress (the operator's ledger).",
         ),

@@ -234,15 +234,18 @@ class Budget:
     counter: str  # status field
     limit: str  # spec.restartBudget field
     reason: str  # the Failed reason once counter > limit
-    message: str  # format(n=, limit=, last=, step=)
+    message: str  # format(n=, limit=, last=, step=, within=)
+    # Counted over restartBudget.windowSeconds when it is set (the charges' times, status.recovery.chargeTimes);
+    # else over the job's life. A count of charges in a row is never windowed.
+    windowed: bool = False
 
 
 # Checked in this order after every charge: the first one spent fails the job.
 BUDGETS = (
     Budget("jobRestarts", "maxRestarts", "RestartBudgetExhausted",
-           "{n} job failures exceed restartBudget.maxRestarts={limit}; last: {last}"),
+           "{n} job failures{within} exceed restartBudget.maxRestarts={limit}; last: {last}", windowed=True),
     Budget("disruptions", "maxDisruptions", "DisruptionBudgetExhausted",
-           "{n} platform disruptions exceed restartBudget.maxDisruptions={limit}"),
+           "{n} platform disruptions{within} exceed restartBudget.maxDisruptions={limit}", windowed=True),
     Budget("restartsWithoutProgress", "maxRestartsWithoutProgress", "NoProgress",
            "{n} restarts in a row without the checkpoint step advancing past {step}"),
 )
@@ -786,12 +789,38 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
 
 
 def over_budget(counters: dict[str, int], budget: dict[str, int], last: str, step: int) -> tuple[str, str] | None:
-    """The first spent budget in BUDGETS order, as (Failed reason, message)."""
+    """The first spent budget in BUDGETS order, as (Failed reason, message). `counters`: as budget_counts
+    gives them (within the window, where there is one)."""
+    window = int(budget.get("windowSeconds") or 0)
     for b in BUDGETS:
         n, limit = int(counters.get(b.counter, 0)), int(budget[b.limit])
         if n > limit:
-            return b.reason, b.message.format(n=n, limit=limit, last=last, step=step)
+            within = f" within {window} s (restartBudget.windowSeconds)" if window and b.windowed else ""
+            return b.reason, b.message.format(n=n, limit=limit, last=last, step=step, within=within)
     return None
+
+
+def charges_in_window(times: list[str], now: datetime.datetime, window: int, keep: int) -> list[str]:
+    """The times of a budget's charges (oldest first) that still count against it: those less than
+    `window` seconds old, at most the newest `keep` (its limit + 1 is all a verdict needs, so the list in
+    status stays bounded)."""
+    since = now - datetime.timedelta(seconds=window)
+    recent = [t for t in times if (when := parse_time(t)) is not None and when > since]
+    return recent[-keep:] if keep > 0 else []
+
+
+def budget_counts(lifetime: dict[str, int], times: dict[str, list[str]], budget: dict[str, int],
+                  now: datetime.datetime) -> dict[str, int]:
+    """What counts against each budget now: the job's lifetime counters, except that with
+    restartBudget.windowSeconds the windowed budgets count only their charges within the window."""
+    window = int(budget.get("windowSeconds") or 0)
+    counts = dict(lifetime)
+    if window:
+        for b in BUDGETS:
+            if b.windowed:
+                counts[b.counter] = len(charges_in_window(times.get(b.counter) or [], now, window,
+                                                          int(budget[b.limit]) + 1))
+    return counts
 
 
 def job_verdict(job: dict[str, Any]) -> tuple[Verdict, dict[str, Any]] | None:

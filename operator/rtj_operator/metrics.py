@@ -10,6 +10,7 @@ resets nor repeats a count.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Iterator
@@ -82,7 +83,7 @@ def record_job(namespace: str, name: str, status: dict[str, Any], spec: dict[str
         _jobs[(namespace, name)] = {
             "phase": status.get("phase") or "Pending", "status": status, "byTier": by_tier,
             "rolledBack": rolled_back,
-            "spec": {"budget": {k: budget.get(k) for k, _ in BUDGETS},
+            "spec": {"budget": {k: budget.get(k) for k in (*(k for k, _ in BUDGETS), "windowSeconds")},
                      "intervalSteps": (spec.get("checkpoint") or {}).get("intervalSteps")}}
         _publish_phases()
 
@@ -135,7 +136,8 @@ class JobCollector(Collector):
             "rolled_back": GaugeMetricFamily("rtj_job_last_recovery_steps_rolled_back", "Steps trained again after "
                                              "the newest recovery of each tier: the step reached at the fault "
                                              "minus the step it resumed from.", labels=[*LABELS, "tier"]),
-            "budget": GaugeMetricFamily("rtj_job_budget_remaining", "Restarts left in each restartBudget counter.",
+            "budget": GaugeMetricFamily("rtj_job_budget_remaining", "Restarts left in each restartBudget counter "
+                                        "(within restartBudget.windowSeconds where it is set).",
                                         labels=[*LABELS, "budget"]),
             "ckpt": GaugeMetricFamily("rtj_job_checkpoint_step", "Newest committed checkpoint step.", labels=LABELS),
             "ckpt_ts": GaugeMetricFamily("rtj_job_checkpoint_timestamp_seconds", "When the newest checkpoint was "
@@ -177,9 +179,13 @@ class JobCollector(Collector):
                 fam["recovery"].add_metric([*job, tier], seconds)
             for tier, steps in sorted((snap.get("rolledBack") or {}).items()):
                 fam["rolled_back"].add_metric([*job, tier], steps)
-            for limit, counter in BUDGETS:
-                if spec["budget"].get(limit) is not None:
-                    fam["budget"].add_metric([*job, limit], max(0, spec["budget"][limit] - int(st.get(counter) or 0)))
+            budget = spec["budget"]
+            if all(budget.get(limit) is not None for limit, _ in BUDGETS):
+                spent = ladder.budget_counts({c: int(st.get(c) or 0) for _, c in BUDGETS},
+                                             (st.get("recovery") or {}).get("chargeTimes") or {}, budget,
+                                             datetime.datetime.fromtimestamp(now, datetime.UTC))
+                for limit, counter in BUDGETS:
+                    fam["budget"].add_metric([*job, limit], max(0, budget[limit] - spent[counter]))
             if st.get("lastCheckpointStep") is not None:
                 fam["ckpt"].add_metric(job, st["lastCheckpointStep"])
             if (ckpt_ts := _seconds(st.get("lastCheckpointTime"))) is not None:

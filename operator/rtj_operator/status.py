@@ -61,6 +61,9 @@ class Ledger:
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The step the job had reached when the operator charged the fault it is recovering.
     step_at_fault: int | None = None
+    # With restartBudget.windowSeconds: the times of the charges that still count, per budget counter
+    # (jobRestarts, disruptions), oldest first, at most the budget's limit + 1 (ladder.charges_in_window).
+    charge_times: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Ledger:
@@ -83,6 +86,7 @@ class Ledger:
             reports=copy.deepcopy(dict(data.get("reports") or {})),
             events=copy.deepcopy(dict(data.get("events") or {})),
             step_at_fault=data.get("stepAtFault"),
+            charge_times={str(k): [str(t) for t in v or []] for k, v in (data.get("chargeTimes") or {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +119,8 @@ class Ledger:
             out["events"] = copy.deepcopy(self.events)
         if self.step_at_fault is not None:
             out["stepAtFault"] = self.step_at_fault
+        if any(self.charge_times.values()):
+            out["chargeTimes"] = {k: list(v) for k, v in self.charge_times.items() if v}
         return out
 
 

@@ -239,6 +239,47 @@ def test_over_budget(counters, reason):
         assert "past 40" in spent[1]
 
 
+T0 = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
+
+
+def _at(seconds_ago: float) -> str:
+    return (T0 - datetime.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize("ages, window, keep, kept", [
+    ([], 3600, 4, []),
+    ([7200, 3000, 60], 3600, 4, [3000, 60]),  # older than the window: no longer counts
+    ([3600, 3599], 3600, 4, [3599]),  # exactly the window's age: out
+    ([50, 40, 30, 20, 10], 3600, 4, [40, 30, 20, 10]),  # the newest limit + 1 only: bounded
+    ([10], 3600, 0, []),
+])
+def test_charges_in_window(ages, window, keep, kept):
+    assert ladder.charges_in_window([_at(a) for a in ages], T0, window, keep) == [_at(a) for a in kept]
+
+
+LIFETIME = {"jobRestarts": 9, "disruptions": 40, "restartsWithoutProgress": 2}
+
+
+@pytest.mark.parametrize("window, times, counts", [
+    # No window: the lifetime counters, whatever times are kept.
+    (0, {"jobRestarts": [_at(10)]}, LIFETIME),
+    # A window: the windowed budgets count their charges in it; the count in a row is never windowed.
+    (3600, {"jobRestarts": [_at(7200), _at(10)], "disruptions": [_at(100), _at(50), _at(5)]},
+     {"jobRestarts": 1, "disruptions": 3, "restartsWithoutProgress": 2}),
+    (3600, {}, {"jobRestarts": 0, "disruptions": 0, "restartsWithoutProgress": 2}),
+])
+def test_budget_counts(window, times, counts):
+    assert ladder.budget_counts(LIFETIME, times, {**BUDGET, "windowSeconds": window}, T0) == counts
+
+
+def test_a_windowed_budget_says_so_when_spent():
+    spent = ladder.over_budget({"disruptions": 11}, {**BUDGET, "windowSeconds": 3600}, "", 0)
+    assert spent == ("DisruptionBudgetExhausted", "11 platform disruptions within 3600 s "
+                     "(restartBudget.windowSeconds) exceed restartBudget.maxDisruptions=10")
+    spent = ladder.over_budget({"restartsWithoutProgress": 3}, {**BUDGET, "windowSeconds": 3600}, "", 7)
+    assert spent[0] == "NoProgress" and "within" not in spent[1]
+
+
 @pytest.mark.parametrize("conditions, fails, tier", [
     ([], None, None),
     ([{"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy"}], "PermanentFailure", None),

@@ -17,6 +17,7 @@ from rtj_operator import api, ladder
 from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
 from rtj_operator.builders import build_coordinator, build_job, build_network_policy, build_pvc, build_service
 from rtj_operator.builders.job import template_hash
+from rtj_operator.conditions import timestamp
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ, schema_errors
 from rtj_operator.status import node_set
@@ -392,6 +393,40 @@ def test_the_budget_ends_a_job_that_keeps_failing():
     w.world.pods[0] = pod(0, "Failed", code=1)
     st = w.run().status
     assert st.phase == "Failed" and st.last_failure_reason == "RestartBudgetExhausted"
+
+
+def _charge_job_failures(w: W, times: list[datetime.datetime]) -> Any:
+    """A pod of the job fails (exit 1) at each time, one pass each; the last pass's intent."""
+    intent = None
+    for i, now in enumerate(times):
+        w.world.pods[0] = pod(0, "Failed", code=1)
+        w.world.pods[0]["metadata"]["uid"] = f"failed-{i}"  # a new pod each time
+        intent = w.run(now)
+        w.body["status"] = intent.status.to_dict()
+        if intent.status.phase == "Failed":
+            break
+    return intent
+
+
+@pytest.mark.parametrize("window, spacing, failed", [
+    (0, 3600, True),  # the job's life: the second failure spends maxRestarts=1 however far apart
+    (1800, 3600, False),  # each failure outside the window of the one before: never spent
+    (7200, 3600, True),  # both within the window
+])
+def test_a_budget_window_forgets_old_charges(window, spacing, failed):
+    w = W(restartBudget={"maxRestarts": 1, "maxRestartsWithoutProgress": 10, "windowSeconds": window})
+    intent = _charge_job_failures(w, [NOW, NOW + datetime.timedelta(seconds=spacing),
+                                      NOW + datetime.timedelta(seconds=2 * spacing)])
+    st = intent.status
+    assert (st.phase == "Failed") == failed, reasons(intent)
+    if failed:
+        assert st.last_failure_reason == "RestartBudgetExhausted"
+        assert ("within" in (st.conditions and next(c["message"] for c in st.conditions
+                                                    if c["type"] == "Failed"))) == bool(window)
+    else:
+        assert st.job_restarts == 3  # every charge is still counted in status
+        # Only the charges that still count are kept, with their times.
+        assert st.recovery.charge_times == {"jobRestarts": [timestamp(NOW + datetime.timedelta(seconds=7200))]}
 
 
 def test_the_jobs_own_failure_is_a_new_gang_charged_to_the_job():

@@ -115,10 +115,15 @@ def record_restart(d: Draft, tier: str, reason: str, message: str, platform: boo
     else:
         status.job_restarts += 1
         track_progress(status)
+    if counted and budget["windowSeconds"]:
+        counter = "disruptions" if platform else "jobRestarts"
+        status.recovery.charge_times[counter] = [*status.recovery.charge_times.get(counter, []), timestamp(d.now)]
+    spent = budget_counts(d)
+    within = f" in the last {budget['windowSeconds']} s" if budget["windowSeconds"] else ""
     d.cond(RESTARTING, True, tier, message)
     d.event("Warning", tier, f"{reason}: {message} (restart {status.restarts}, job failures "
-                             f"{status.job_restarts}/{budget['maxRestarts']}, disruptions "
-                             f"{status.disruptions}/{budget['maxDisruptions']})")
+                             f"{spent['jobRestarts']}/{budget['maxRestarts']}, disruptions "
+                             f"{spent['disruptions']}/{budget['maxDisruptions']}{within})")
 
 
 def track_progress(status: Status) -> None:
@@ -131,11 +136,27 @@ def track_progress(status: Status) -> None:
     status.step_at_last_restart = step
 
 
+def budget_counts(d: Draft) -> dict[str, int]:
+    """What counts against each budget now (ladder.budget_counts); the windowed charges' times are pruned
+    to what still counts, so the list in status stays bounded."""
+    status, budget = d.status, d.rtj.spec["restartBudget"]
+    times = status.recovery.charge_times
+    for b in ladder.BUDGETS:
+        if b.counter in times:
+            kept = ladder.charges_in_window(times[b.counter], d.now, budget["windowSeconds"],
+                                            int(budget[b.limit]) + 1) if budget["windowSeconds"] else []
+            if kept:
+                times[b.counter] = kept
+            else:
+                del times[b.counter]
+    lifetime = {"jobRestarts": status.job_restarts, "disruptions": status.disruptions,
+                "restartsWithoutProgress": status.restarts_without_progress}
+    return ladder.budget_counts(lifetime, times, budget, d.now)
+
+
 def enforce_budgets(d: Draft) -> bool:
     status = d.status
-    counters = {"jobRestarts": status.job_restarts, "disruptions": status.disruptions,
-                "restartsWithoutProgress": status.restarts_without_progress}
-    spent = ladder.over_budget(counters, d.rtj.spec["restartBudget"], status.last_failure_message or "",
+    spent = ladder.over_budget(budget_counts(d), d.rtj.spec["restartBudget"], status.last_failure_message or "",
                                int(status.step_at_last_restart or 0))
     if spent is not None:
         fail(d, *spent)
