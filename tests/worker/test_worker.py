@@ -22,7 +22,7 @@ from rtj_dev import slowfs
 from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.crashloop import GROUP_FAILED
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
-from rtj_worker.launch import NO_PROGRESS_LINE, training_command
+from rtj_worker.launch import LAUNCHER_MAIN, NO_PROGRESS_LINE, training_command
 from testkit import free_port, wait_until
 
 STEPS = 60
@@ -271,25 +271,26 @@ OPERATOR_ENV = {
     "RTJ_FT_INITIAL_HEARTBEAT_TIMEOUT": "1200", "RTJ_FT_MONITOR_INTERVAL": "5", "RTJ_CHECKPOINT_DIR": "/ckpt/j",
     "RTJ_FT_MAX_NO_PROGRESS_CYCLES": "3"}
 COMMON_FLAGS = [
-    "--nnodes=8", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=j-0.j.ns.svc:29400",
+    "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=j-0.j.ns.svc:29400",
     "--rdzv-id=uid-2", "--rdzv-conf=is_host=0,join_timeout=600", "--max-restarts=4", "--monitor-interval=5",
     "--ft-rank-heartbeat-timeout=900", "--ft-initial-rank-heartbeat-timeout=1200",
     "--ft-workload-check-interval=5", "--ft-enable-nic-monitor=False", "--term-timeout=100",
     "--workers-stop-timeout=15"]
 
 
-@pytest.mark.parametrize("version, extra", [
-    ((0, 4), []),
-    ((0, 6), ["--ft-rdzv-impl=barrier", "--ft-rank-section-timeouts=setup:1200,step:900,checkpointing:900",
+@pytest.mark.parametrize("version, nnodes, extra", [
+    ((0, 4), "8", []),
+    # The barrier's MAX has room for as many replaced unhealthy nodes as the job trains on (barrier_nnodes).
+    ((0, 6), "8:16", ["--ft-rdzv-impl=barrier", "--ft-rank-section-timeouts=setup:1200,step:900,checkpointing:900",
               "--ft-rank-out-of-section-timeout=900",
               "--ft-checkpoint-iteration-file=/ckpt/j/latest_checkpointed_iteration.txt",
               "--ft-max-no-progress-cycles=3"]),
 ], ids=["nvrx-0.4", "nvrx-0.6"])
-def test_launcher_flags_follow_the_operator_env_and_the_nvrx_version(version, extra):
+def test_launcher_flags_follow_the_operator_env_and_the_nvrx_version(version, nnodes, extra):
     cfg = LaunchConfig.from_env(OPERATOR_ENV)
     argv = launcher_argv(cfg, ["/bin/train", "--steps", "9"], version)
-    assert argv[:3] == [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"]
-    assert argv[3:] == [*COMMON_FLAGS, *extra, "--no-python", "/bin/train", "--steps", "9"]
+    assert argv[:3] == [sys.executable, "-c", LAUNCHER_MAIN]
+    assert argv[3:] == [f"--nnodes={nnodes}", *COMMON_FLAGS, *extra, "--no-python", "/bin/train", "--steps", "9"]
     child = entrypoint.launcher_env(cfg, {}, version)
     assert child == ({} if version < (0, 6) else {"RTJ_FT_SECTIONS": "1", "GROUP_RANK": "3"})
 
@@ -299,7 +300,8 @@ def test_spares_widen_the_node_range_only_where_the_barrier_keeps_them_standing_
     so the entrypoint refuses it as a configuration error instead of silently changing the world size."""
     cfg = LaunchConfig.from_env({**OPERATOR_ENV, "RTJ_NNODES": "6:8"})
     assert cfg.spares == 2
-    assert "--nnodes=6:8" in launcher_argv(cfg, ["/bin/train"], (0, 6))
+    # The barrier's MAX also gets MIN more: room for the unhealthy nodes the operator replaces (barrier_nnodes).
+    assert "--nnodes=6:14" in launcher_argv(cfg, ["/bin/train"], (0, 6))
     with pytest.raises(ConfigError, match=r"needs NVRx 0\.6"):
         launcher_argv(cfg, ["/bin/train"], (0, 4))
 
@@ -820,7 +822,8 @@ def _coordinator(tmp_path: Path, nnodes: str, port: int) -> subprocess.Popen[byt
 
 
 def _gang(tmp_path: Path, nnodes: str, count: int, steps: int = 400, ranks: int = 1,
-          step_seconds: float = 0.05, rdzv_timeout: int = 60) -> tuple[subprocess.Popen[bytes], list[local.LocalNode]]:
+          step_seconds: float = 0.05, rdzv_timeout: int = 60,
+          extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], list[local.LocalNode]]:
     """A coordinator and `count` nodes. Tests that stop a node mid-run pass slower steps: at 0.05 s a step
     the 45 steps left after step 15 can end before the node is stopped on 2 loaded cores (the weights do
     not depend on the step time)."""
@@ -831,7 +834,7 @@ def _gang(tmp_path: Path, nnodes: str, count: int, steps: int = 400, ranks: int 
            "RTJ_FT_MAX_RESTARTS": "3"}
     wait_until(lambda: "serving the rendezvous" in (tmp_path / "coordinator.log").read_text(), 60,
                what="the coordinator")
-    nodes = [local.start(tmp_path, ["--steps", str(steps), "--step-seconds", str(step_seconds)], name=f"-{i}",
+    nodes = [local.start(tmp_path, ["--steps", str(steps), "--step-seconds", str(step_seconds), *extra], name=f"-{i}",
                          NODE_RANK=str(i), **env) for i in range(count)]
     return coordinator, nodes
 
@@ -953,6 +956,32 @@ def test_a_hot_spare_takes_over_a_lost_node_before_any_new_pod_exists(tmp_path, 
         coordinator.wait(60)
 
 
+def test_a_replaced_unhealthy_node_leaves_the_rendezvous_open(tmp_path, clean_run):
+    """Issue 27.3: NVRx's barrier counts the unhealthy nodes over the rendezvous' life and closes it once they
+    exceed MAX - MIN. With MAX = MIN (no spares), node 1's rank asking to exclude its node ended the
+    survivor too (78, RendezvousClosed: a gang restart). With the headroom (launch.barrier_nnodes) the
+    survivor waits in its next round for the node's replacement, as the operator makes it, and training
+    ends with the fault-free weights."""
+    from rtj_worker.launch import nvrx_version
+
+    if nvrx_version() < (0, 6):
+        pytest.skip("NVRx 0.4.1's c10d rendezvous keeps no count of unhealthy nodes")
+    fault = ("--fault", "1:15:unhealthy")
+    coordinator, (node0, node1) = _gang(tmp_path, "2:2", 2, steps=STEPS, step_seconds=0.15, extra=fault)
+    try:
+        excluded = node1.wait(240)
+        assert excluded.code == exit_codes.NODE_UNHEALTHY, excluded.log[-3000:]
+        replacement = local.start(tmp_path, ["--steps", str(STEPS), "--step-seconds", "0.05", *fault], name="-1b",
+                                  NODE_RANK="1", **gang_env(node0))
+        first, second = node0.wait(240), replacement.wait(240)
+        assert (first.code, second.code) == (0, 0), first.log[-3000:]
+        result = json.loads((tmp_path / "ckpt" / "result.json").read_text())
+        assert result["steps"] == STEPS and result["checksum"] == pytest.approx(clean_run["checksum"], rel=1e-9)
+    finally:
+        coordinator.terminate()
+        coordinator.wait(60)
+
+
 @pytest.mark.nvrx041
 def test_spares_need_nvrx_06(tmp_path):
     from rtj_worker.launch import nvrx_version
@@ -968,7 +997,8 @@ def test_the_coordinator_runs_nvrx_control_as_the_launchers_rendezvous():
     from rtj_worker.coordinator import control_args
 
     args = control_args({"RTJ_NNODES": "8:9", "RTJ_RDZV_ID": "uid-3", "RTJ_RDZV_TIMEOUT": "600"}, 29400)
-    assert args == ["--nnodes=8:9", "--rdzv-endpoint=0.0.0.0:29400", "--rdzv-id=uid-3", "--rdzv-backend=c10d",
+    # The launchers' range, with their headroom for replaced unhealthy nodes (launch.barrier_nnodes).
+    assert args == ["--nnodes=8:17", "--rdzv-endpoint=0.0.0.0:29400", "--rdzv-id=uid-3", "--rdzv-backend=c10d",
                     "--rdzv-conf=join_timeout=600", "--ft-enable-log-server=false"]
 
 

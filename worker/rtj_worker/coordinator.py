@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping
 
 from . import exit_codes
-from .launch import nvrx_version
+from .launch import barrier_nnodes, nvrx_version
 
 log = logging.getLogger("rtj_worker.coordinator")
 # How long the stores stay up after the rendezvous ended: spares poll it every second or so.
@@ -41,8 +41,9 @@ def stores(port: int, timeout: datetime.timedelta) -> list[object]:
 
 
 def control_args(env: Mapping[str, str], port: int) -> list[str]:
-    """nvrx-control's command line: the launchers' rendezvous, from the operator's environment."""
-    return [f"--nnodes={env['RTJ_NNODES']}", f"--rdzv-endpoint=0.0.0.0:{port}",
+    """nvrx-control's command line: the launchers' rendezvous, from the operator's environment (the same
+    node range as theirs, barrier_nnodes: it is nvrx-control that counts the unhealthy nodes)."""
+    return [f"--nnodes={barrier_nnodes(env['RTJ_NNODES'])}", f"--rdzv-endpoint=0.0.0.0:{port}",
             f"--rdzv-id={env['RTJ_RDZV_ID']}", "--rdzv-backend=c10d",
             f"--rdzv-conf=join_timeout={env.get('RTJ_RDZV_TIMEOUT', '600')}",
             "--ft-enable-log-server=false"]

@@ -49,7 +49,8 @@ RENDEZVOUS_HOST_UNRESOLVED = 76
 RENDEZVOUS_CONTROL_FAILED = 77
 # Training ran, then the rendezvous was closed for good for this attempt: NVRx's barrier rendezvous
 # counts the unhealthy nodes over the attempt's whole life and closes once they exceed max - min (the
-# spares), though the operator replaced the earlier ones; or a peer closed it. A peer's or a node's
+# spares and launch.barrier_nnodes' headroom of one per node), though the operator replaced the earlier
+# ones; or a peer closed it. A peer's or a node's
 # doing: one new gang, charged once for the gang (to the platform when an unhealthy or lost node of it
 # explains it), never once per pod.
 RENDEZVOUS_CLOSED = 78

@@ -9,7 +9,10 @@
            (reading the loss) like in a hung NCCL collective; on CPU the host blocks in a native sleep.
            inprocess.Wrapper's soft timeout cannot interrupt it, its hard timeout terminates the rank
            (ft_launcher respawns it), unless NCCL's watchdog is set to act first,
-- nan:     make the loss NaN (a permanent failure: the job must stop, not restart).
+- nan:     make the loss NaN (a permanent failure: the job must stop, not restart),
+- unhealthy: the rank asks NVRx to exclude its node (what a failed GPU or NIC health check leads to) and
+           dies: its launcher leaves at its next rendezvous (exit 73) and the barrier counts the node as
+           unhealthy for the rest of the rendezvous.
 
 Each fault fires once per job: a marker on the shared volume keeps a resumed run from
 firing it again.
@@ -23,10 +26,11 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import events
 
-KINDS = ("exc", "sigkill", "hang", "stall", "nan")
+KINDS = ("exc", "sigkill", "hang", "stall", "nan", "unhealthy")
 
 
 class InjectedFault(RuntimeError):
@@ -51,8 +55,9 @@ class Fault:
         return fault
 
 
-def maybe_inject(faults: list[Fault], rank: int, step: int, marker_dir: Path) -> bool:
-    """Fire the faults due now; True means: poison this step's loss."""
+def maybe_inject(faults: list[Fault], rank: int, step: int, marker_dir: Path, client: Any = None) -> bool:
+    """Fire the faults due now; True means: poison this step's loss. `client`: the rank's RankMonitorClient
+    (for "unhealthy")."""
     for fault in faults:
         if fault.rank != rank or fault.step != step:
             continue
@@ -75,7 +80,18 @@ def maybe_inject(faults: list[Fault], rank: int, step: int, marker_dir: Path) ->
             stall(3 * float(os.environ.get("RTJ_INPROCESS_HARD_TIMEOUT", 55)))
         if fault.kind == "nan":
             return True
+        if fault.kind == "unhealthy":
+            exclude_this_node(client, f"injected at step {step} on rank {rank}")
     return False
+
+
+def exclude_this_node(client: Any, why: str) -> None:
+    """Ask ft_launcher, through this rank's monitor client, to exclude the node, then die as a rank on a bad
+    GPU would (no exception: in-process restart must not recover it)."""
+    from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
+
+    client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ExcludeThisNode, why))
+    os._exit(1)
 
 
 def stall(seconds: float) -> None:

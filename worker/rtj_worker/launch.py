@@ -228,6 +228,30 @@ def _check_python_target(args: list[str]) -> None:
     raise ConfigError("the python command names no script or module")
 
 
+# ft_launcher as its console script runs it: imported, then main(). `python -m ...launcher` would run the
+# module as __main__, a second copy beside the one its rendezvous imports, and its `except
+# UnhealthyNodeException` (the class of the __main__ copy) would never match what the rendezvous raises:
+# an unhealthy node's launcher then took the generic path, which shuts the rendezvous down for every
+# node (NVRx 0.6.0's launch_agent), where the intended path leaves it open for the others.
+LAUNCHER_MAIN = "import sys; from nvidia_resiliency_ext.fault_tolerance.launcher import main; sys.exit(main())"
+
+
+def barrier_nnodes(nnodes: str) -> str:
+    """--nnodes for NVRx >= 0.6's barrier rendezvous (the launchers' and nvrx-control's alike): MAX raised by
+    MIN. The barrier counts the nodes that failed its health checks (or whose rank asked to exclude its node)
+    over the rendezvous' whole life and closes it for good once they exceed MAX - MIN
+    (ft_rendezvous_barrier.py, _get_unhealthy_count's caller), though the operator replaces each such node:
+    with MAX = MIN + spares, the first unhealthy node of a job without spares ended its gang. The headroom
+    lets an attempt outlive as many unhealthy nodes as it trains on (each replaced, and charged as a
+    disruption); more than that is one gang restart (exit 78), whose new rendezvous id counts afresh. MAX
+    changes nothing else that matters here: the barrier trains on MIN nodes, keeps the others standing by,
+    and closes a round once MIN have joined (0.7 may wait up to its last_call_timeout, 1 s, for a returning
+    active node); in 0.6.0 it also bounds who may join a round, so the headroom absorbs the slot a launcher
+    killed mid-round leaves behind."""
+    low, _, high = nnodes.partition(":")
+    return f"{low}:{int(high or low) + int(low)}"
+
+
 def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int] | None = None) -> list[str]:
     """ft_launcher flags for `version`, then `--no-python` and the user's command: every token of the
     command lands in ft_launcher's positional training script and its REMAINDER arguments, so a
@@ -238,8 +262,9 @@ def launcher_argv(cfg: LaunchConfig, command: list[str], version: tuple[int, int
                           f"spares waiting); this image has {'.'.join(map(str, version))}, whose rendezvous would "
                           "train on every node that joins")
     argv = [
-        sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
-        f"--nnodes={cfg.nnodes}",
+        sys.executable, "-c", LAUNCHER_MAIN,
+        # NVRx 0.4.1's c10d rendezvous is elastic between MIN and MAX: it gets exactly the operator's range.
+        f"--nnodes={barrier_nnodes(cfg.nnodes) if version >= (0, 6) else cfg.nnodes}",
         f"--nproc-per-node={cfg.nproc_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={cfg.rdzv_endpoint}",

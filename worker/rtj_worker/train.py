@@ -350,7 +350,7 @@ def train(args: argparse.Namespace, ft_client: RankMonitorClient, base_store: di
         try:
             for step in range(start, args.steps):
                 with section("step"):
-                    poison = maybe_inject(args.fault, rank, step, ckpt.root / "faults")
+                    poison = maybe_inject(args.fault, rank, step, ckpt.root / "faults", ft_client)
                     opt.zero_grad(set_to_none=True)
                     loss = step_loss(args, model, step, rank, device) * (float("nan") if poison else 1.0)
                     loss.backward()
