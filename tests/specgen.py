@@ -551,7 +551,7 @@ specs = st.fixed_dictionaries(
     {"image": maybe(st.one_of(text(), st.sampled_from([" worker:1", "worker:1 ", "", "a b"])),
                     st.sampled_from(["worker:1", "123.dkr.ecr.us-west-2.amazonaws.com/rtj:0.1"])),
      "nodes": maybe(st.fixed_dictionaries({"count": st.integers(-1, 2000)},
-                                          optional={"min": st.integers(0, 5), "max": st.integers(0, 1025)}),
+                                          optional={"spares": st.integers(-1, 65)}),
                     st.fixed_dictionaries({"count": st.integers(1, 4)})),
      "storage": storages,
      # Always present (possibly empty), so that most examples exercise the typed fields.

@@ -489,13 +489,10 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                          "round (ft_launcher, no pod on the critical path) and the lost pod is "
                                          "replaced in the background as a new spare. Needs NVRx 0.6 in the image "
                                          "(its barrier rendezvous) and the coordinator."),
-                "min": _int(minimum=1, maximum=1024,
-                            description="Not supported (an elastic world size): must equal count if set. NVRx "
-                                        "0.6 trains on exactly min nodes and 0.4.1 on up to max; use spares."),
-                "max": _int(minimum=1, maximum=1024, description="Not supported: must equal count if set."),
             },
             required=["count"],
-            description="How many nodes train, and the hot spares beside them.",
+            description="How many nodes train, and the hot spares beside them. The world size is fixed: a gang "
+                        "never shrinks or grows (there is no min/max; spares stand by instead).",
         ),
         "coordinator": _obj(
             {

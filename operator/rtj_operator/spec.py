@@ -249,12 +249,6 @@ def semantic_errors(rtj: RTJ, allowed_service_accounts: frozenset[str] | None = 
         return [f"spec.{e}" for e in shape]
     spec, errors = rtj.spec, []
     errors += _name_errors(rtj.name)
-    for bound in ("min", "max"):
-        if spec["nodes"].get(bound, rtj.nodes) != rtj.nodes:
-            errors.append(f"nodes.{bound} ({spec['nodes'][bound]}) must equal nodes.count ({rtj.nodes}): an elastic "
-                          "world size is not supported (NVRx 0.6's barrier rendezvous trains on exactly nodes.min "
-                          "nodes and keeps the rest idle, 0.4.1 on as many as join): set nodes.spares for hot "
-                          "spares")
     label_queue = rtj.labels.get(api.KUEUE_QUEUE_LABEL)
     if spec.get("queueName") and label_queue and label_queue != spec["queueName"]:
         errors.append(f"spec.queueName ({spec['queueName']}) and the label {api.KUEUE_QUEUE_LABEL} ({label_queue}) "

@@ -53,9 +53,9 @@ def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, op
     kube.delete("Node", node, None)
     wait_until(lambda: "ForceDeletedPod" in rtj.reasons(), timeout=60, what="forced failure")
     cluster.add_nodes([node])
-    rtj.patch({"nodes": {"count": 3, "max": 2}})
+    rtj.patch({"nodes": {"spares": 1}, "coordinator": {"enabled": False}})  # the operator's check, not the schema's
     wait_until(lambda: rtj.condition("InvalidSpec").get("status") == "True", what="InvalidSpec")
-    rtj.patch({"nodes": {"count": 2, "max": None}, "suspend": True})
+    rtj.patch({"nodes": {"spares": 0}, "coordinator": {"enabled": True}, "suspend": True})
     rtj.wait_phase("Suspended", timeout=60)
     kube.delete(api.KIND, "train", ns)
     wait_until(lambda: kube.get(api.KIND, "train", ns) is None, what="RTJ deleted")

@@ -147,7 +147,7 @@ def test_invalid_update_keeps_the_running_job(rtj, kube, ns, operator):
     rtj.create()
     rtj.wait_running()
     job_uid = rtj.job()["metadata"]["uid"]
-    rtj.patch({"nodes": {"count": 4, "max": 3}})
+    rtj.patch({"nodes": {"spares": 1}, "coordinator": {"enabled": False}})  # the operator's check, not the schema's
     wait_until(lambda: rtj.condition("InvalidSpec").get("status") == "True", what="InvalidSpec")
     assert rtj.job()["metadata"]["uid"] == job_uid
     assert rtj.status()["phase"] == "Running" and len(rtj.running_pods()) == 2

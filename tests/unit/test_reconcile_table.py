@@ -168,7 +168,7 @@ def test_an_object_we_do_not_own_holding_a_childs_name_stops_everything():
 
 
 def test_an_invalid_spec_creates_nothing_and_says_why():
-    intent = W(children=False, nodes={"count": 3, "max": 2}).run()
+    intent = W(children=False, nodes={"count": 2, "spares": 1}, coordinator={"enabled": False}).run()
     assert intent.actions == [] and intent.status.phase == "Invalid" and reasons(intent) == ["InvalidSpec"]
 
 

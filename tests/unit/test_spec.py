@@ -62,11 +62,6 @@ def test_schema_accepts_minimal_spec():
      "heartbeatTimeoutSeconds (5) must be greater than resiliency.monitorIntervalSeconds (5)"),
     ({"resiliency": {"initialHeartbeatTimeoutSeconds": 3, "monitorIntervalSeconds": 5}},
      "initialHeartbeatTimeoutSeconds (3)"),
-    # Issue 19.1: nodes.min < count meant "elastic down to min" on NVRx 0.4.1 and "train on exactly min, keep
-    # the rest idle" on 0.6: one meaning on every version instead (spares).
-    ({"nodes": {"count": 9, "max": 8}}, "nodes.max (8) must equal nodes.count (9): an elastic world size is not "
-                                        "supported"),
-    ({"nodes": {"count": 8, "min": 6}}, "set nodes.spares for hot spares"),
     ({"nodes": {"count": 2, "spares": 1}, "coordinator": {"enabled": False}},
      "nodes.spares needs coordinator.enabled: a spare may be node 0"),
     ({"coordinator": {"tolerations": [{"operator": "Exists", "value": "x"}]}},
@@ -304,6 +299,15 @@ def test_resources_accept_quantities_as_strings_or_integers():
     resources = {"requests": {"cpu": 180, "memory": "1800Gi", "example.com/fpga": 1},
                  "limits": {"cpu": "190", "memory": "1.9Ti", "example.com/fpga": "1", "ephemeral-storage": "1e12"}}
     assert errors_of(resources=resources) == []
+
+
+def test_nodes_has_no_min_or_max():
+    """Issue 30.11: nodes.min/max could only equal count (issue 19.1: NVRx 0.4.1 read min < count as "elastic
+    down to min", 0.6 as "train on min, keep the rest idle"), so they are gone: kubectl's strict field
+    validation names them, and a spec that set them equal to count trains as before once they are dropped."""
+    body = rtj_body(nodes={"count": 8, "min": 8, "max": 8})
+    assert sorted(schema_errors(body)) == ['unknown field "spec.nodes.max"', 'unknown field "spec.nodes.min"']
+    assert RTJ.from_body(body).spec["nodes"] == {"count": 8, "spares": 0}
 
 
 def test_nulls_and_unknown_fields_are_pruned_like_the_api_server_does():
