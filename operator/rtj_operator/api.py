@@ -35,6 +35,10 @@ LABEL_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_NODES = f"{GROUP}/nodes"
 # The checkpoint interval a Job's pods were built with when not checkpoint.intervalSteps (policies/interval.py).
 ANNOTATION_CHECKPOINT_INTERVAL = f"{GROUP}/checkpoint-interval"
+# The grace period a Job's pods were built with when measured, not the spec's (policies/grace.py).
+ANNOTATION_GRACE = f"{GROUP}/grace-seconds"
+# The pods' grace period when neither the spec nor a measurement says otherwise: a spot reclaim's notice.
+DEFAULT_GRACE_SECONDS = 120
 # On worker pods: held back from the scheduler until the operator has applied the job's node exclusions
 # (status.excludedNodes) to the pod's node affinity; only this gate is the operator's.
 SCHEDULING_GATE = f"{GROUP}/placement"
@@ -656,12 +660,14 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                     "address, and restarts the gang instead of waiting when the Job controller would replace "
                     "a lost pod only after half of it."),
                 "terminationGracePeriodSeconds": _int(
-                    120, 30, 86400, "The pods' grace period: what a stop (a drain, a spot reclaim, a suspend, "
-                    "a deletion) gives the ranks to save the step they reached and exit. Size it to the "
-                    "checkpoint's write time (status.progress.checkpointWriteSeconds: 96 GB at 300 MB/s "
-                    "takes about 320 s) plus a margin; a Warning event StopGraceTooShort says when the "
-                    "measured write no longer fits. A spot reclaim gives 120 s whatever this says. A change "
-                    "applies to a new gang (the Job is replaced)."),
+                    None, 30, 86400, "The pods' grace period: what a stop (a drain, a spot reclaim, a suspend, "
+                    "a deletion) gives the ranks to save the step they reached and exit (less 30 s for the "
+                    "launcher's margins). Unset (the default): 120 s until the pods have reported a checkpoint's "
+                    "write time, then each new gang gets what the newest write and a step need, with a quarter "
+                    "more (96 GB at 300 MB/s: about 320 s to write, a grace of about 430 s); status.stopGrace "
+                    "shows it. Set: used as it is, and a Warning event StopGraceTooShort says when the measured "
+                    "write no longer fits. A spot reclaim gives 120 s whatever this says. A change applies to a "
+                    "new gang (the Job is replaced)."),
             },
             default={},
             description="The timeouts and budgets of the layers inside the job (in-process restart, ft_launcher).",
@@ -888,6 +894,17 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                                                  "steps a save takes to write."}},
             description="The checkpoint interval: configured, applied and measured (Young-Daly), once a save "
                         "and a failure have been seen."),
+        "stopGrace": _obj(
+            {"appliedSeconds": {"type": "integer", "description": "The grace period the current gang's pods have."},
+             "source": _str("Where it comes from: Spec (resiliency.terminationGracePeriodSeconds), Measured (the "
+                            "pods' checkpoint write time, when the spec leaves it unset) or Default (120 s).",
+                            enum=["Spec", "Measured", "Default"]),
+             "saveSeconds": {"type": "number", "description": "What a stop-save needs: the newest checkpoint's "
+                                                              "write time and a step."},
+             "suggestedSeconds": {"type": "integer", "description": "The grace that fits saveSeconds with a quarter "
+                                                                    "more: what the next gang gets when the spec "
+                                                                    "leaves it unset."}},
+            description="The pods' grace period for a stop: applied, and what the measured write time asks for."),
         "goodput": _obj(
             {"training": {"type": "number", "description": "Steps since the job started x seconds per step / wall "
                                                            "time (bench/goodput.py's training goodput)."},

@@ -160,6 +160,8 @@ class Status:
     goodput: dict[str, Any] | None = None
     # The checkpoint interval, measured and applied (policies/interval.py).
     checkpoint_interval: dict[str, Any] | None = None
+    # The pods' grace period for a stop, applied and measured (policies/grace.py).
+    stop_grace: dict[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     recovery: Ledger = field(default_factory=Ledger)

@@ -20,7 +20,7 @@ from .builders.names import selector_labels
 from .conditions import is_true
 from .copies import clone
 from .kube import Kube, KubeError
-from .policies import interval
+from .policies import grace, interval
 from .policies.pods import addressed_coordinator, gated
 from .spec import RTJ
 from .stores import Stores
@@ -236,7 +236,7 @@ def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
             return None
     except (TypeError, ValueError):
         return None
-    desired = build_job(rtj, attempt, interval.applied(rtj, job))
+    desired = build_job(rtj, attempt, interval.applied(rtj, job), grace.applied(rtj, job))
     have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
     if have is None or have == template_hash(desired):
         return None  # unchanged, or an earlier operator's Job, adopted as it is (policies/children.ensure_job)

@@ -146,10 +146,16 @@ def test_a_checkpoints_write_time_is_reported_and_a_stop_that_cannot_fit_it_is_s
     assert reasons(intent).count("StopGraceTooShort") == 1  # 95 + a 0.5 s step > 120 - 30
     message = next(e.message for e in intent.events if e.reason == "StopGraceTooShort")
     assert "took 95 s to write" in message and "leaves the ranks 90 s" in message
+    # The spec leaves the grace unset: the next gang gets one that fits (policies/grace.py).
+    assert "the next gang gets 150 s" in message
     assert "StopGraceTooShort" not in reasons(again(w, intent))  # said once, not at every pass
     roomy = world(report(ckpt=100, ckptAt=T - 5, ckptSeconds=95.0))
     roomy.body["spec"]["resiliency"] = {"terminationGracePeriodSeconds": 300}
     assert "StopGraceTooShort" not in reasons(roomy.run())
+    tight = world(report(ckpt=100, ckptAt=T - 5, ckptSeconds=95.0))
+    tight.body["spec"]["resiliency"] = {"terminationGracePeriodSeconds": 100}
+    message = next(e.message for e in tight.run().events if e.reason == "StopGraceTooShort")
+    assert "raise spec.resiliency.terminationGracePeriodSeconds" in message  # the spec's value: the user's to change
 
 
 def test_steps_alone_are_written_at_most_every_10_seconds():

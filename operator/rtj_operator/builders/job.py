@@ -49,7 +49,12 @@ def _as_list(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def _env(rtj: RTJ, attempt: int, interval: int | None) -> list[dict[str, Any]]:
+def _grace(rtj: RTJ, grace: int | None) -> int:
+    """The pods' grace period: the spec's, else the measured one a gang was built with, else the default."""
+    return rtj.spec["resiliency"].get("terminationGracePeriodSeconds") or grace or api.DEFAULT_GRACE_SECONDS
+
+
+def _env(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -> list[dict[str, Any]]:
     spec, res, ckpt = rtj.spec, rtj.spec["resiliency"], rtj.spec["checkpoint"]
     ipr = res["inProcessRestart"]
     port = res["rendezvousPort"]
@@ -87,7 +92,7 @@ def _env(rtj: RTJ, attempt: int, interval: int | None) -> list[dict[str, Any]]:
         "RTJ_FT_MAX_NO_PROGRESS_CYCLES": str(res["maxNoProgressCycles"]),
         "RTJ_ATTEMPT": str(attempt),
         # The pod's terminationGracePeriodSeconds: the worker stops its ranks (and saves) within it.
-        "RTJ_GRACE_SECONDS": str(res["terminationGracePeriodSeconds"]),
+        "RTJ_GRACE_SECONDS": str(_grace(rtj, grace)),
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
@@ -184,7 +189,7 @@ def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
     return tolerations
 
 
-def _pod_spec(rtj: RTJ, attempt: int, interval: int | None) -> dict[str, Any]:
+def _pod_spec(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -> dict[str, Any]:
     spec, placement = rtj.spec, rtj.spec["placement"]
     node_selector = {"node.kubernetes.io/instance-type": placement["instanceType"],
                      **_as_dict(placement.get("nodeSelector"))}
@@ -193,7 +198,7 @@ def _pod_spec(rtj: RTJ, attempt: int, interval: int | None) -> dict[str, Any]:
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
         "command": ["rtj-worker", "--", *spec["command"]],
-        "env": _env(rtj, attempt, interval),
+        "env": _env(rtj, attempt, interval, grace),
         "resources": _resources(rtj),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -214,7 +219,7 @@ def _pod_spec(rtj: RTJ, attempt: int, interval: int | None) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "restartPolicy": "Never",  # restarts inside the pod belong to ft_launcher
         "subdomain": service_name(rtj),
-        "terminationGracePeriodSeconds": spec["resiliency"]["terminationGracePeriodSeconds"],
+        "terminationGracePeriodSeconds": _grace(rtj, grace),
         "nodeSelector": node_selector,
         "tolerations": _tolerations(rtj),
         "affinity": _affinity(rtj, attempt),
@@ -279,9 +284,10 @@ def template_hash(job: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None) -> dict[str, Any]:
+def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None, grace: int | None = None) -> dict[str, Any]:
     """The gang of `attempt`: recreated (attempt + 1) only when the whole gang must restart. `interval`: the
-    checkpoint interval its pods were built with when not checkpoint.intervalSteps (policies/interval.py)."""
+    checkpoint interval its pods were built with when not checkpoint.intervalSteps (policies/interval.py);
+    `grace`: their measured grace period when the spec sets none (policies/grace.py)."""
     pods = rtj.pods
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
@@ -308,12 +314,14 @@ def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None) -> dict[s
             "template": {
                 "metadata": pod_metadata(rtj, {**labels(rtj, "workers"), api.LABEL_ATTEMPT: str(attempt)},
                                          _template_annotations(rtj)),
-                "spec": _pod_spec(rtj, attempt, interval),
+                "spec": _pod_spec(rtj, attempt, interval, grace),
             },
         },
     }
     if interval:
         job["metadata"]["annotations"][api.ANNOTATION_CHECKPOINT_INTERVAL] = str(interval)
+    if grace and not rtj.spec["resiliency"].get("terminationGracePeriodSeconds"):
+        job["metadata"]["annotations"][api.ANNOTATION_GRACE] = str(grace)
     if rtj.spares:
         # N exits 0 end the job: the entrypoint exits 0 only once training finished, so a lost index
         # whose replacement never got a node (the spare took its ranks) does not hold the Job open; the

@@ -26,7 +26,7 @@ from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
 from ..spec import RTJ
 from ..world import World, owned_by
-from . import interval
+from . import grace, interval
 from .kueue import queued
 from .pods import coordinator_attempt, is_current, job_attempt
 
@@ -146,9 +146,9 @@ def ensure_job(d: Draft) -> None:
             return
         # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
         ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
-        _create(d, build_job(rtj, status.attempt, interval.for_new_gang(d)))
+        _create(d, build_job(rtj, status.attempt, interval.for_new_gang(d), grace.for_new_gang(d)))
         return
-    desired = build_job(rtj, status.attempt, interval.applied(rtj, job))
+    desired = build_job(rtj, status.attempt, interval.applied(rtj, job), grace.applied(rtj, job))
     annotations = job["metadata"].get("annotations") or {}
     have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
     if have is not None and have != want:

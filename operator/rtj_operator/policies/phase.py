@@ -22,7 +22,7 @@ from ..conditions import (
     timestamp,
 )
 from ..draft import Draft
-from . import interval
+from . import grace, interval
 from .kueue import queued
 from .pods import is_current, job_nodes, running_ready
 
@@ -140,6 +140,7 @@ def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Fo
     progress.update_goodput(status, found, d.now)
     stalls = [r.save_stall for r in found if r.save_stall is not None]
     interval.update(d, max(stalls) if stalls else None)
+    grace.update(d)
     last = status.last_recovery or {}
     if folded.new.get(last.get("tier", "")) and last.get("seconds") is not None:
         tier, seconds = last["tier"], float(last["seconds"])
@@ -155,21 +156,18 @@ def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Fo
 
 def warn_stop_grace(d: Draft) -> None:
     """StopGraceTooShort, once each time the newest checkpoint's write time (and a step) stops fitting in
-    what a stop leaves the ranks to save (launch.stop_bounds of spec.resiliency.terminationGracePeriodSeconds):
+    what a stop leaves the running gang's ranks to save (launch.stop_bounds of its grace period, policies/grace):
     a drain, spot reclaim or suspend would then lose every step since the last committed checkpoint."""
-    grace = d.rtj.spec["resiliency"]["terminationGracePeriodSeconds"]
-    budget = stop_bounds(grace)[0]
-
-    def needs(p: dict[str, Any] | None) -> float:
-        p = p or {}
-        return float(p.get("checkpointWriteSeconds") or 0) + float(p.get("stepSeconds") or 0)
-
-    if needs(d.status.progress) > budget >= needs(d.old.get("progress")):
+    seconds = grace.effective(d.rtj, d.world.job)
+    budget = stop_bounds(seconds)[0]
+    if grace.needed_seconds(d.status.progress) > budget >= grace.needed_seconds(d.old.get("progress")):
+        remedy = ("raise spec.resiliency.terminationGracePeriodSeconds or write faster" if grace.configured(d.rtj)
+                  else f"the next gang gets {grace.grace_for(grace.needed_seconds(d.status.progress))} s "
+                       "(measured: spec.resiliency.terminationGracePeriodSeconds is unset)")
         d.event("Warning", "StopGraceTooShort",
                 f"the newest checkpoint took {d.status.progress['checkpointWriteSeconds']:g} s to write, and a stop "
-                f"leaves the ranks {budget:g} s to save (terminationGracePeriodSeconds {grace}): a drain, a spot "
-                f"reclaim or a suspend would lose the steps since the last checkpoint; raise "
-                f"spec.resiliency.terminationGracePeriodSeconds or write faster (a spot reclaim gives 120 s)")
+                f"leaves the ranks {budget:g} s to save (grace period {seconds} s): a drain, a spot reclaim or a "
+                f"suspend would lose the steps since the last checkpoint; {remedy} (a spot reclaim gives 120 s)")
 
 
 FENCING_HOW = ("its index is replaced once the node is fenced: deleted (as the cloud node lifecycle controller "
