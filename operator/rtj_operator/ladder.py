@@ -606,10 +606,21 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
 
 def coordinator_finding(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.datetime, timing: Timing,
                         fenced: str, plan: Plan) -> Finding | None:
-    """The coordinator read as any pod (classify), then as what its loss means: its rendezvous is gone."""
-    if (pod.get("status") or {}).get("phase") == "Succeeded":
+    """The coordinator read as any pod (classify), then as what its loss means: its rendezvous is gone.
+    Deleted or evicted by anyone but the operator (whose own deletions are settled in status first, never
+    charged): a drain, a consolidation, `kubectl delete`. It exits 0 on SIGTERM, so once ended it reads
+    Succeeded; it is the platform's loss all the same (issue 29.4: the workers' exits for their lost store
+    were charged to the job), found as soon as it is Terminating."""
+    deleted = bool(pod["metadata"].get("deletionTimestamp")) or bool(_disruption(pod))
+    if (pod.get("status") or {}).get("phase") == "Succeeded" and not deleted:
         return None  # nvrx-control ends once the gang stopped; the workers say why
-    found = classify(pod, node, now, timing, plan, fenced)
+    found = None if (pod.get("status") or {}).get("phase") == "Succeeded" else classify(
+        pod, node, now, timing, plan, fenced)
+    if found is None and deleted:
+        name = pod["metadata"]["name"]
+        found = Finding(name, pod["metadata"].get("uid", name), PLATFORM_FAULT, "PodDeleted",
+                        f"pod {name} was deleted or evicted before its gang ended (a drain, a consolidation, "
+                        "kubectl delete)", node=pod.get("spec", {}).get("nodeName") or "")
     if found is None:
         return None
     if found.kind == PERMANENT:

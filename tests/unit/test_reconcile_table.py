@@ -667,6 +667,34 @@ def test_a_crashed_coordinator_is_the_jobs_failure_and_a_finished_one_is_nothing
     assert "NotCharged" in reasons(intent)
 
 
+@pytest.mark.parametrize("phase, evicted", [("Running", False), ("Running", True), ("Succeeded", False),
+                                             ("Succeeded", True)])
+def test_a_coordinator_deleted_by_someone_else_is_the_platforms_loss(phase, evicted):
+    """Issue 29.4: `kubectl delete pod`, a drain, a consolidation. It exits 0 on SIGTERM, and a Succeeded
+    coordinator used to be read as a finished gang's: the workers then lost their store (72) and were
+    charged to the job. Found while Terminating, or once ended: one disruption, one new gang, the workers'
+    exits not charged. The operator's own deletions (settled in status first) are never charged."""
+    w = W()
+    coordinator = w.world.coordinator
+    coordinator["metadata"]["deletionTimestamp"] = ts(-25)
+    coordinator["status"] = {"phase": phase}
+    if evicted:
+        coordinator["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                                "reason": "EvictionByEvictionAPI", "message": "Eviction API"}]
+    w.world.pods = [pod(0, "Failed", code=exit_codes.RENDEZVOUS_HOST_LOST), pod(1)]
+    intent = w.run()
+    st = intent.status
+    assert (st.disruptions, st.job_restarts, st.attempt) == (1, 0, 2), reasons(intent)
+    assert st.recovery.pending_gang_restart == "CoordinatorLost"
+    # Deleted by the operator itself (a gang restart, a suspend): settled first, nothing charged.
+    ours = W()
+    ours.world.coordinator["metadata"]["deletionTimestamp"] = ts(-25)
+    ours.world.coordinator["status"] = {"phase": phase}
+    ours.status(recovery={"seenPods": [ours.world.coordinator["metadata"]["uid"]]})
+    st = ours.run().status
+    assert (st.disruptions, st.job_restarts, st.attempt) == (0, 0, 1)
+
+
 def test_node_0_hosts_nothing_with_the_coordinator_and_everything_without_it():
     with_coordinator = build_job(RTJ.from_body(rtj_body()))["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in with_coordinator["env"]}
