@@ -15,7 +15,7 @@ WITH_PROMTOOL = RTJ_PROMTOOL_BIN=$$(bash hack/promtool/build.sh) && export RTJ_P
 # reference benchmark and the worker tests' second pass).
 WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &&
 
-.PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds \
+.PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds images-efa \
 	chart-readme docs-tables bench bench-operator bench-worker images clean nvrx06 test-worker \
 	bench-checkpoint gpu-bundle gpu-check bench-reports
 
@@ -127,6 +127,9 @@ bench-goodput: setup tools nvrx06 ## The reference's recovery modes and three no
 
 images: ## Build and smoke-test both images without a registry (root; installs/starts Debian's docker.io)
 	$(TIER) images -- hack/images/build.sh
+
+images-efa: ## The worker image with EFA (INSTALL_EFA=1) and a check that NCCL's net plugin loads (needs nvcr.io and the EFA installer's site: not CI)
+	bash hack/images/efa.sh
 
 bench-checkpoint: setup ## Step time and efficiency with sync, thread and process checkpoint writers (throttled volume)
 	PYTHONPATH=operator:worker $(PY) bench/checkpoint_efficiency.py

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 
+from rtj_worker import requirements
 from rtj_worker.requirements import driver_version, package_version, problems
 
 GPU = {"NVIDIA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
@@ -34,3 +38,49 @@ def test_versions_are_read_from_the_driver_file_and_the_package_metadata(tmp_pat
     assert package_version(("nvidia-nccl",), lambda: found) == (2, 27, 7)
     assert package_version(("nvidia-cuda-runtime",), lambda: found) == (13, 0, 96)
     assert package_version(("nvidia-cudnn",), lambda: found) is None
+
+
+@pytest.mark.parametrize("devices, user, plugin, want_env, problem", [
+    (0, None, False, {}, ""),  # no EFA in this pod (CPU, or efaPerNode 0): nothing
+    (32, None, True, {"NCCL_NET": "AWS Libfabric"}, ""),  # NCCL must use the plugin, or fail
+    (32, None, False, {}, "32 EFA devices but the image has no NCCL net plugin"),
+    (32, "Socket", False, {}, ""),  # the user's choice is kept, sockets knowingly
+])
+def test_a_pod_with_efa_makes_nccl_use_it_or_says_why_not(tmp_path, devices, user, plugin, want_env, problem):
+    dev = tmp_path / "infiniband"
+    dev.mkdir()
+    for i in range(devices):
+        (dev / f"uverbs{i}").touch()
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    if plugin:
+        (lib / "libnccl-net-ofi.so").touch()
+    env = {"NCCL_NET": user} if user else {}
+    found = requirements.ofi_plugin(f"/nonexistent:{lib}")
+    assert (found is not None) == plugin
+    got, problems_ = requirements.nccl_network(env, requirements.efa_devices(dev), found)
+    assert got == want_env
+    assert (problems_[0] if problems_ else "").startswith("the pod has " if problem else "")
+    assert all(problem in p for p in problems_)
+
+
+FAKE_PLUGIN = """
+typedef struct { const char* name; void* init; } net_t;
+const net_t ncclNetPlugin_v9 = { "%s", 0 };
+"""
+
+
+@pytest.mark.parametrize("name, code", [("AWS Libfabric", 0), ("IB", 1)])
+def test_the_image_check_loads_the_plugin_and_reads_its_network(tmp_path, monkeypatch, capsys, name, code):
+    """`python -m rtj_worker.requirements efa` (make images-efa runs it in the built image): dlopen, as
+    NCCL does, and the network the plugin offers must be the one the pods select. A stand-in plugin
+    built here (the real one needs the EFA installer, from the internet): the same symbol and layout."""
+    gcc = shutil.which("gcc") or pytest.skip("no gcc")
+    source = tmp_path / "plugin.c"
+    source.write_text(FAKE_PLUGIN % name)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(tmp_path / "libnccl-net-ofi.so"), str(source)], check=True)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    assert requirements.main(["efa"]) == code
+    assert f"network '{name}'" in capsys.readouterr().out
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "none"))
+    assert requirements.main(["efa"]) == 1

@@ -310,8 +310,12 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         child_env = launcher_env(cfg, env)
     except ConfigError as exc:
         return finish(exit_codes.CONFIG_ERROR, str(exc), env.get("RTJ_CHECKPOINT_DIR", "/checkpoints"))
-    if lacking := requirements.check(env):  # the node's driver, the image's NCCL: before anything starts
+    # The node's driver, the image's NCCL and its EFA plugin: before anything starts.
+    network, no_plugin = requirements.nccl_network(env, requirements.efa_devices(),
+                                                   requirements.ofi_plugin(env.get("LD_LIBRARY_PATH", "")))
+    if lacking := [*requirements.check(env), *no_plugin]:
         return finish(exit_codes.CONFIG_ERROR, "; ".join(lacking), cfg.checkpoint_dir)
+    child_env.update(network)
     log.info("waiting for %s to resolve", cfg.rdzv_host)
     resolved = wait_for_dns(cfg.rdzv_host, cfg.rdzv_timeout, cancel=shutdown.cancel)
     if shutdown.signum is not None:

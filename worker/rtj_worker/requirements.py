@@ -10,16 +10,30 @@ until the budgets are spent.
 
 Only where the pod has GPUs (the device plugin's NVIDIA_VISIBLE_DEVICES, and the driver's version
 file); a CPU pod is not checked.
+
+- EFA: where the EFA device plugin gave the pod its devices (/dev/infiniband/uverbs*), NCCL must use
+  them through the aws-ofi-nccl net plugin. NCCL that finds no net plugin uses TCP sockets without an
+  error (a p5's 3200 Gbps of EFA unused), so the image must carry the plugin (else a configuration
+  error), and the ranks get NCCL_NET="AWS Libfabric": a plugin that then fails to load is NCCL's error,
+  not a silent fallback. A NCCL_NET the user sets is kept (NCCL_NET=Socket to rule EFA out).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
+EFA_DEVICES = Path("/dev/infiniband")
+# aws-ofi-nccl's net plugin (NCCL dlopens libnccl-net-<NCCL_NET_PLUGIN>.so, or libnccl-net.so), and the
+# name its ncclNet reports: NCCL_NET selects a network by that name and fails if none has it.
+OFI_PLUGINS = ("libnccl-net-ofi.so", "libnccl-net.so")
+OFI_NET = "AWS Libfabric"
 # The lowest Linux driver each CUDA major version's runtime runs on (NVIDIA's CUDA release notes).
 MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
 # NCCL releases that crash under in-process restart (NVRx's known issues).
@@ -79,3 +93,77 @@ def check(env: Mapping[str, str]) -> list[str]:
         return []
     return problems(env, driver_version(), package_version(("nvidia-cuda-runtime",)),
                     package_version(("nvidia-nccl",)))
+
+
+def efa_devices(devices: Path = EFA_DEVICES) -> int:
+    """How many EFA (RDMA verbs) devices the pod was given."""
+    try:
+        return sum(1 for _ in devices.glob("uverbs*"))
+    except OSError:
+        return 0
+
+
+def ofi_plugin(library_path: str) -> Path | None:
+    """The aws-ofi-nccl net plugin on the library path, if any."""
+    for directory in filter(None, library_path.split(":")):
+        for name in OFI_PLUGINS:
+            if (Path(directory) / name).exists():
+                return Path(directory) / name
+    return None
+
+
+def nccl_network(env: Mapping[str, str], devices: int, plugin: Path | None) -> tuple[dict[str, str], list[str]]:
+    """(what the ranks' environment gets, what is wrong) for a pod with `devices` EFA devices."""
+    if not devices or env.get("NCCL_NET"):
+        return {}, []
+    if plugin is None:
+        return {}, [f"the pod has {devices} EFA devices but the image has no NCCL net plugin for them "
+                    f"({' or '.join(OFI_PLUGINS)} on LD_LIBRARY_PATH): NCCL would use TCP sockets. Build the "
+                    "worker image with INSTALL_EFA=1 (make images-efa), or set NCCL_NET=Socket in spec.env to "
+                    "run on sockets knowingly"]
+    return {"NCCL_NET": OFI_NET}, []
+
+
+# The net plugin API versions NCCL looks for, newest first; each is a struct whose first field is the
+# network's name (nccl's ext-net/*/net_v*.h).
+PLUGIN_SYMBOLS = tuple(f"ncclNetPlugin_v{v}" for v in range(11, 1, -1))
+
+
+def plugin_name(plugin: Path) -> str:
+    """Load the net plugin as NCCL does (dlopen: its libfabric and the rest must resolve) and read the name
+    of the network it offers. Raises OSError when it cannot be loaded or exports no net API."""
+    lib = ctypes.CDLL(str(plugin))
+    for symbol in PLUGIN_SYMBOLS:
+        try:
+            name = ctypes.c_char_p.in_dll(lib, symbol).value
+        except ValueError:
+            continue
+        return (name or b"").decode()
+    raise OSError(f"{plugin} exports none of {', '.join(PLUGIN_SYMBOLS)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rtj_worker.requirements efa`: the image's EFA check (make images-efa runs it in the built
+    image): the plugin is on the library path, loads, and offers the network the pods select."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["efa"]:
+        print("usage: python -m rtj_worker.requirements efa", file=sys.stderr)
+        return 2
+    plugin = ofi_plugin(os.environ.get("LD_LIBRARY_PATH", ""))
+    if plugin is None:
+        print(f"no NCCL net plugin ({' or '.join(OFI_PLUGINS)}) on LD_LIBRARY_PATH", file=sys.stderr)
+        return 1
+    try:
+        name = plugin_name(plugin)
+    except OSError as exc:
+        print(f"{plugin} does not load: {exc}", file=sys.stderr)
+        return 1
+    print(f"{plugin}: network {name!r}")
+    if name != OFI_NET:
+        print(f"the pods select NCCL_NET={OFI_NET!r}: NCCL would not find it", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
