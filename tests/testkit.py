@@ -25,6 +25,17 @@ TOOLS = ROOT / ".tools" / "bin"
 RELEASE, RELEASE_NS = "rtj-operator", "rtj-system"
 
 
+class Clock:
+    """A hand-wound clock for code that takes `clock: Callable[[], float]`: calling it gives `now`, which a
+    test sets or moves on."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def rtj_body(name: str = "train", namespace: str = "default", **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"image": "worker:1", "nodes": {"count": 2},
                             "storage": {"storageClassName": "fsx-sc"}}

@@ -12,6 +12,7 @@ from rtj_operator.kube import KubeError
 from rtj_operator.leader import LeaderElector, NotLeader, Timing, lease_spec, may_take
 from rtj_operator.runtime import StoreKube
 from rtj_operator.stores import Stores
+from testkit import Clock
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
@@ -90,17 +91,9 @@ class Leases:
             raise KubeError(503, "unavailable")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def electors(leases: Leases, clock: Clock) -> tuple[LeaderElector, LeaderElector]:
     timing = Timing(lease=15, renew_deadline=10, retry=2)
-    wall = lambda: T0 + datetime.timedelta(seconds=clock.t)  # noqa: E731
+    wall = lambda: T0 + datetime.timedelta(seconds=clock.now)  # noqa: E731
     return (LeaderElector(leases, "n", "l", "a", timing, clock, wall),
             LeaderElector(leases, "n", "l", "b", timing, clock, wall))
 
@@ -114,19 +107,19 @@ def test_one_leader_and_a_follower_that_takes_over_only_once_the_lease_expired()
     assert leases.obj["spec"]["holderIdentity"] == "a"
     # a keeps renewing: b never takes it.
     for _ in range(20):
-        clock.t += 2
+        clock.now += 2
         a.step()
         b.step()
         assert a.leading() and not b.leading()
     # a crashes (no release, no renewals): sampled every 0.5 s, never two leaders, and b leads within
     # a lease duration and one retry of a's last renewal.
-    crashed = clock.t
+    crashed = clock.now
     while not b.leading():
-        clock.t += 0.5
-        if clock.t % 2 == 0:
+        clock.now += 0.5
+        if clock.now % 2 == 0:
             b.step()
-        assert not (a.leading() and b.leading()), clock.t - crashed
-        assert clock.t - crashed <= 15 + 2
+        assert not (a.leading() and b.leading()), clock.now - crashed
+        assert clock.now - crashed <= 15 + 2
     assert not a.leading() and leases.obj["spec"]["holderIdentity"] == "b"
     assert leases.obj["spec"]["leaseTransitions"] == 1
 
@@ -136,10 +129,10 @@ def test_a_leader_stops_acting_at_its_renew_deadline_when_it_cannot_reach_the_ap
     a, _ = electors(leases, clock)
     a.step()
     leases.down = True
-    clock.t += 9.9
+    clock.now += 9.9
     a.step()
     assert a.leading()
-    clock.t += 0.1
+    clock.now += 0.1
     assert not a.leading()  # without waiting for any try: leading() reads the clock
     leases.down = False
     a.step()
@@ -153,7 +146,7 @@ def test_a_released_lease_is_taken_at_the_next_try():
     b.step()
     a.stop(release=True)
     assert not a.leading() and leases.obj["spec"]["holderIdentity"] == ""
-    clock.t += 2
+    clock.now += 2
     b.step()
     assert b.leading()
 
@@ -176,13 +169,13 @@ def test_a_started_leading_callback_runs_once_per_acquisition():
     leases, clock = Leases(), Clock()
     a, _ = electors(leases, clock)
     calls: list[float] = []
-    a.on_started_leading(lambda: calls.append(clock.t))
+    a.on_started_leading(lambda: calls.append(clock.now))
     a.step()
-    clock.t += 2
+    clock.now += 2
     a.step()
     assert len(calls) == 1
     leases.down = True
-    clock.t += 11
+    clock.now += 11
     a.step()
     leases.down = False
     a.step()
@@ -243,13 +236,13 @@ def test_a_replica_that_stops_leading_exports_no_jobs_series():
 
     leases, clock = Leases(), Clock()
     elector = LeaderElector(leases, "n", "l", "a", Timing(lease=15, renew_deadline=10, retry=2), clock,
-                            lambda: T0 + datetime.timedelta(seconds=clock.t))
+                            lambda: T0 + datetime.timedelta(seconds=clock.now))
     elector.step()
     assert elector.leading()
     metrics.record_job("team-a", "led", {"phase": "Running", "progress": {"step": 420}}, {})
     assert REGISTRY.get_sample_value("rtj_job_step", {"namespace": "team-a", "name": "led"}) == 420.0
     leases.down = True
-    clock.t += 11  # past the renew deadline: the next try finds it no longer leads
+    clock.now += 11  # past the renew deadline: the next try finds it no longer leads
     elector.step()
     assert not elector.leading() and REGISTRY.get_sample_value("rtj_leader") == 0
     assert 'name="led"' not in generate_latest(REGISTRY).decode()

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from rtj_operator import metrics_server
 from rtj_operator.kube import KubeError
-from testkit import free_port
+from testkit import Clock, free_port
 
 READER, OUTSIDER = "reader-token", "outsider-token"
 
@@ -47,14 +47,6 @@ class FakeApiServer:
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.calls]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -19,17 +19,9 @@ from rtj_operator.kube import KubeError
 from rtj_operator.reconcile import Requeue, settle
 from rtj_operator.runtime import EVENT_SPACING, WAITING_MAX, Runtime
 from rtj_operator.stores import Stores
-from testkit import wait_until
+from testkit import Clock, wait_until
 
 OURS = {api.LABEL_MANAGED_BY: api.MANAGER}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeKube:
@@ -205,7 +197,7 @@ def test_a_failure_jumps_the_queue_and_other_events_coalesce(runtime: Runtime) -
     runtime.observe("Pod", "MODIFIED", pod("b", 14, node="n2"))
     runtime.observe("Pod", "MODIFIED", pod("b", 15, node="n2"))
     assert runtime.queue.pending(("ns", "b")) == "delayed" and runtime.queue.depth() == 0
-    runtime._clock.t += EVENT_SPACING  # type: ignore[attr-defined]
+    runtime._clock.now += EVENT_SPACING  # type: ignore[attr-defined]
     assert drain(runtime) == [("ns", "b")]  # two events, one pass
 
 

@@ -12,6 +12,7 @@ import pytest
 from rtj_operator import api
 from rtj_operator.runtime import StoreKube
 from rtj_operator.stores import Store, Stores, rtj_key
+from testkit import Clock
 
 
 def pod(name: str, rv: int, uid: str | None = None, job: str = "train", phase: str = "Running",
@@ -23,17 +24,9 @@ def pod(name: str, rv: int, uid: str | None = None, job: str = "train", phase: s
             "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def pods() -> Store:
-    return Stores(clock=Clock()).pods
+    return Stores(clock=Clock(0.0)).pods
 
 
 def names(items: list[dict[str, Any]]) -> list[str]:
@@ -176,7 +169,7 @@ def ended(name: str, rv: int, message: str = "", job: str = "train") -> dict[str
 def test_a_deleted_pods_last_words_outlive_it_for_a_while() -> None:
     """The Job controller removes a pod a moment after its container ended (a suspend, a preemption):
     its termination message (the worker's final checkpoint step) must still reach the next pass."""
-    clock = Clock()
+    clock = Clock(0.0)
     pods = Stores(clock=clock).pods
     pods.put(ended("a", 10, '{"checkpointStep": 40}'))
     pods.put(ended("b", 11))  # nothing said: nothing kept

@@ -22,17 +22,9 @@ from rtj_worker.report import (
     Tracker,
     token_claims,
 )
-from testkit import wait_until
+from testkit import Clock, wait_until
 
 PID = 4242  # the launcher's
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Pod:
@@ -58,7 +50,7 @@ class Pod:
 
     def steps(self, first: int, last: int, seconds: float = 0.5) -> None:
         for step in range(first, last + 1):
-            self.clock.t += seconds
+            self.clock.now += seconds
             for progress in self.ranks:
                 progress.stepped(step)
             if step % 10 == 0:
@@ -93,13 +85,13 @@ def test_an_exception_of_this_pods_rank_counts_once_the_loop_runs_again(tmp_path
     pod.start()
     pod.steps(1, 25)
     assert pod.report()["state"] == "Training" and pod.report()["step"] == 25
-    pod.clock.t += 0.2
+    pod.clock.now += 0.2
     pod.ranks[1].failed(RuntimeError("injected"), 25, own=True)
     pod.ranks[0].failed(RuntimeError("Timed out waiting 10000ms"), 25, own=False)  # the peer's view
     report = pod.report()
     assert report["state"] == "Recovering" and report["restarts"]["InProcess"] == 0  # not yet recovered
     assert report["recovering"]["tier"] == "InProcess"
-    pod.clock.t += 10
+    pod.clock.now += 10
     pod.start(step=20, iteration=1, new_group=False)  # same processes, the Wrapper's next iteration
     pod.steps(21, 22, seconds=1.0)
     report = pod.report()
@@ -207,12 +199,12 @@ def test_a_launcher_restart_of_this_node_counts_with_its_cause(tmp_path: Path, l
     pod = Pod(tmp_path)
     pod.start()
     pod.steps(1, 25)
-    fault_at = pod.clock.t
-    pod.clock.t += 15
+    fault_at = pod.clock.now
+    pod.clock.now += 15
     for line in lines:
         pod.line(line)
     assert pod.report()["state"] == "Recovering"
-    pod.clock.t += 8
+    pod.clock.now += 8
     pod.start(step=20)  # new processes
     pod.steps(21, 21, seconds=1.0)
     report = pod.report()
@@ -220,7 +212,7 @@ def test_a_launcher_restart_of_this_node_counts_with_its_cause(tmp_path: Path, l
     assert report["causes"] == {f"Launcher/{cause}": 1}
     last = report["last"]
     assert last["cause"] == cause and detail in last["detail"] and last["rolledBack"] == 5
-    assert last["seconds"] == pytest.approx(pod.clock.t - fault_at)  # from the last step before the fault
+    assert last["seconds"] == pytest.approx(pod.clock.now - fault_at)  # from the last step before the fault
 
 
 def test_an_in_process_fault_the_wrapper_could_not_recover_is_the_launchers(tmp_path: Path) -> None:
@@ -247,7 +239,7 @@ def test_in_loop_seconds_are_those_of_runs_that_hosted_rank_0(tmp_path: Path) ->
     assert leader.report()["inLoopSeconds"] == pytest.approx(10.0) and leader.report()["leader"]
     assert follower.report()["inLoopSeconds"] == 0 and not follower.report()["leader"]
     leader.ranks[1].failed(RuntimeError("x"), 20, own=True)
-    leader.clock.t += 7  # out of the loop: not counted
+    leader.clock.now += 7  # out of the loop: not counted
     leader.start(step=20, iteration=1, new_group=False)
     leader.steps(21, 24, seconds=0.5)
     assert leader.report()["inLoopSeconds"] == pytest.approx(12.0)
@@ -308,11 +300,11 @@ def test_reports_are_coalesced_and_recoveries_written_at_once(tmp_path: Path) ->
     assert reporter.tick() and json.loads(sink.written[-1]["message"])["step"] == 20
     pod.ranks[1].failed(RuntimeError("x"), 20, own=True)
     pod.tracker.poll()
-    pod.clock.t += 0.5
+    pod.clock.now += 0.5
     assert not reporter.tick()  # urgent, but 2 s apart at least
-    pod.clock.t += 2
+    pod.clock.now += 2
     assert reporter.tick() and sink.written[-1]["reason"] == "Recovering"
-    pod.clock.t += 5
+    pod.clock.now += 5
     pod.start(step=20, iteration=1, new_group=False)
     pod.steps(21, 21)
     assert reporter.tick() and sink.written[-1]["reason"] == "Training"
@@ -339,12 +331,12 @@ def test_a_refused_write_backs_off_and_is_logged_once(tmp_path: Path, caplog: py
     sink.fail = ReportRejected(403, "forbidden")
     attempts = 0
     for _ in range(120):
-        pod.clock.t += 5
+        pod.clock.now += 5
         pod.tracker.urgent = True
         attempts += 0 if reporter.tick() else 1
     assert caplog.text.count("could not publish") == 1
     sink.fail = None
-    pod.clock.t += 400
+    pod.clock.now += 400
     assert reporter.tick() and reporter.writes == 1
 
 
@@ -365,7 +357,7 @@ def test_without_a_token_the_ranks_are_still_followed_as_they_go(tmp_path: Path)
     try:
         pod.start()
         for step in range(1, 26):
-            pod.clock.t += 0.5
+            pod.clock.now += 0.5
             for ranks in pod.ranks:
                 ranks.stepped(step)
             if step % 10 == 0:
@@ -416,17 +408,17 @@ def test_a_script_that_reports_no_steps_has_its_launcher_restarts_counted(tmp_pa
     pod.line(joined)  # the first group: nothing to count
     assert pod.report()["restarts"] == {"InProcess": 0, "Launcher": 0} and pod.report()["state"] == "Waiting"
     for restart in (1, 2):
-        pod.clock.t += 30
-        fault_at = pod.clock.t
+        pod.clock.now += 30
+        fault_at = pod.clock.now
         pod.line(KILLED.replace("exitcode: -9", "exitcode: 3"))
         pod.line(UNHEALTHY)
         assert pod.report()["state"] == "Recovering" and pod.report()["recovering"]["tier"] == "Launcher"
-        pod.clock.t += 2.5
+        pod.clock.now += 2.5
         pod.line(joined)
         report = pod.report()
         assert report["restarts"] == {"InProcess": 0, "Launcher": restart} and "recovering" not in report
         assert report["causes"] == {"Launcher/RankExited": restart} and report["state"] == "Waiting"
-        assert report["last"]["seconds"] == pytest.approx(pod.clock.t - fault_at)
+        assert report["last"]["seconds"] == pytest.approx(pod.clock.now - fault_at)
         assert "rolledBack" not in report["last"]  # no step is known: none is claimed
 
 
@@ -436,10 +428,10 @@ def test_a_script_that_reports_steps_is_counted_at_its_first_step_not_at_the_ren
     pod.steps(1, 25)
     pod.line(KILLED)
     pod.line(UNHEALTHY)
-    pod.clock.t += 3
+    pod.clock.now += 3
     pod.line(JOINED)
     assert pod.report()["restarts"]["Launcher"] == 0 and pod.report()["recovering"]["tier"] == "Launcher"
-    pod.clock.t += 5  # imports, process groups, the checkpoint load
+    pod.clock.now += 5  # imports, process groups, the checkpoint load
     pod.start(step=20)
     pod.steps(21, 21)
     report = pod.report()

@@ -10,19 +10,12 @@ import time
 import pytest
 
 from rtj_operator.workqueue import NORMAL, RELEASE, WorkQueue
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from testkit import Clock
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(100.0)
 
 
 @pytest.fixture
