@@ -57,6 +57,9 @@ from rtj_worker import events  # noqa: E402
 TOOLS = ROOT / ".tools" / "bin"
 NVRX06 = Path(os.environ.get("RTJ_AGENT_NVRX") or ROOT / ".nvrx06")  # `make nvrx06`
 RANKS = 4
+# status.goodput against the workers' own timeline over the same wall time: each of training and
+# infrastructure goodput within this (issue 30.8); the run exits 1 otherwise.
+AGREEMENT = 0.02
 MODES = {
     "in-process": {},
     "ft_launcher": {"resiliency": {**RESILIENCY, "inProcessRestart": {"enabled": False},
@@ -251,15 +254,20 @@ def report(results: dict[str, dict[str, Any]], steps: int) -> None:
     print("\nstatus.goodput vs the worker's timeline over the status's wall time:")
     print(f"{'mode':<20} {'status wall s':>13} {'train: status':>14} {'timeline':>9} {'infra: status':>14} "
           f"{'timeline':>9}")
+    disagree = []
     for mode, res in results.items():
         reported = (res.get("status") or {}).get("goodput") or {}
         wall = float(reported.get("wallSeconds") or 0)
         if not wall:
             print(f"{mode:<20} {'-':>13}")
+            disagree.append(f"{mode}: no status.goodput")
             continue
         train, infra = goodput(res["timeline"], res["faults"], wall, steps, t_step)
         cells = [f"{reported[k]:.1%}" if reported.get(k) is not None else "-" for k in ("training", "infrastructure")]
         print(f"{mode:<20} {wall:>13.1f} {cells[0]:>14} {train:>9.1%} {cells[1]:>14} {infra:>9.1%}")
+        for key, theirs in (("training", train), ("infrastructure", infra)):
+            if reported.get(key) is None or abs(reported[key] - theirs) > AGREEMENT:
+                disagree.append(f"{mode}: {key} {reported.get(key)} in status against {theirs:.4f} on the timeline")
     recoveries = {m: statistics.mean(f["recover"] for f in r["faults"]) for m, r in results.items() if r["faults"]}
     tier = next((m for m in ("ft_launcher 0.6", "ft_launcher") if m in recoveries), None)
     if "node-loss spare" in recoveries and tier:
@@ -268,6 +276,10 @@ def report(results: dict[str, dict[str, Any]], steps: int) -> None:
     if {"node-loss spare", "node-loss no-spare"} <= set(recoveries):
         print(f"node loss without a spare: {recoveries['node-loss no-spare'] / recoveries['node-loss spare']:.1f}x "
               f"slower than with one (target >= 5x)")
+    if disagree:
+        print(f"\nstatus.goodput disagrees with the timeline by more than {AGREEMENT:.0%}:\n  " + "\n  ".join(disagree))
+        sys.exit(1)
+    print(f"\nstatus.goodput agrees with the workers' timeline within {AGREEMENT:.0%} in every mode")
 
 
 if __name__ == "__main__":

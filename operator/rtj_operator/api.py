@@ -989,6 +989,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                 "inProcess": {"type": "integer", "description": "In-process restarts counted."},
                                 "launcher": {"type": "integer", "description": "Launcher restarts counted."},
                                 "inLoopSeconds": {"type": "number", "description": "In-loop seconds counted."},
+                                "leaderStepAt": {"type": "number", "description": "The leader's pod: the time "
+                                                 "(Unix seconds) of the step its counted in-loop time ends at."},
                                 "causes": {"type": "object", "maxProperties": 16,
                                            "additionalProperties": {"type": "integer"},
                                            "description": "Restarts counted, by cause."}})},

@@ -144,7 +144,13 @@ def observe(d: Draft, converge: bool) -> None:
         status.last_checkpoint_time = timestamp(d.now)
     # The pods' own reports (progress.py): in-job recoveries, the newest recovery, a live checkpoint step.
     found = progress.reports(pods)
-    folded = progress.fold(status, found, {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}, d.now)
+    # Pods that ended without a final report of their own (a lost node's, failed by the operator): their
+    # last live report is all there will be.
+    ended = frozenset(p["metadata"].get("uid", p["metadata"]["name"]) for p in pods
+                      if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+                      and not isinstance(ladder.termination_report(p).get("progress"), dict))
+    folded = progress.fold(status, found, {p["metadata"].get("uid", p["metadata"]["name"]) for p in pods}, d.now,
+                           ended)
 
     ledger = status.recovery
     seen = set(ledger.seen_pods)

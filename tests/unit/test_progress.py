@@ -158,6 +158,32 @@ def test_a_checkpoints_write_time_is_reported_and_a_stop_that_cannot_fit_it_is_s
     assert "raise spec.resiliency.terminationGracePeriodSeconds" in message  # the spec's value: the user's to change
 
 
+def test_a_lost_leaders_run_is_counted_to_where_the_others_say_it_ended():
+    """Issue 30.8 (node-0 loss): only the leader's pod counts in-loop time, every 15 s, and a lost node's pod
+    never reports again. The others trained with it until the run broke: their newest step of that run, 12 s
+    after the leader's last report, is where its in-loop time ended."""
+    w = world(report(step=100, at=-20.0, leader=True, inLoopSeconds=300.0), report(step=100, at=-20.0),
+              startTime=ts(600))
+    counted = w.run()
+    assert counted.status.goodput["inLoopSeconds"] == 300.0
+    # The leader's node is lost: its pod failed (by the operator, once fenced) with no report of its own; the
+    # other pod's run broke 12 s after the leader's last report (step 124), and it waits for a new run.
+    w.world.pods[0]["status"]["phase"] = "Failed"
+    w.world.pods[1]["status"]["conditions"] = []
+    reporting(w.world.pods[1], report(step=124, at=-8.0, state="Recovering", runSince=T - 400))
+    closed = again(w, counted)
+    assert closed.status.goodput["inLoopSeconds"] == 312.0
+    assert again(w, closed).status.goodput["inLoopSeconds"] == 312.0  # once
+    # A step of a run that began after the leader's last report is no evidence: nothing added.
+    fresh = world(report(step=100, at=-20.0, leader=True, inLoopSeconds=300.0), report(step=100, at=-20.0),
+                  startTime=ts(600))
+    first = fresh.run()
+    fresh.world.pods[0]["status"]["phase"] = "Failed"
+    fresh.world.pods[1]["status"]["conditions"] = []
+    reporting(fresh.world.pods[1], report(step=104, at=-2.0, runSince=T - 10))
+    assert again(fresh, first).status.goodput["inLoopSeconds"] == 300.0
+
+
 def test_steps_alone_are_written_at_most_every_10_seconds():
     w = world(report(step=100, leader=True, inLoopSeconds=50.0), report(step=100))
     first = w.run()
