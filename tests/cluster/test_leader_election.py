@@ -168,7 +168,7 @@ def test_a_leader_stalled_mid_recovery_hands_over_and_the_fault_is_counted_once(
         assert rtj.status()["attempt"] == 2 and rtj.status()["jobRestarts"] == 1, rtj.status()  # decided
         a_elector.kube = Unreachable()
         wait_until(b.runtime.leading, timeout=TIMING.lease + TIMING.renew_deadline + 5, what="b leads")
-        wait_until(lambda: rtj.job() and rtj.job()["metadata"]["uid"] != old_job, timeout=60,
+        wait_until(lambda: (job := rtj.job()) is not None and job["metadata"]["uid"] != old_job, timeout=60,
                    what="the follower's new gang")
         st = rtj.wait_running(nodes=2, timeout=60)
         release.set()  # the stalled delete goes through now: a 409 on its precondition, nothing deleted
