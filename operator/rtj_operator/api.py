@@ -1001,6 +1001,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                "time": _str("When it was posted.", format="date-time")})},
                 "stepAtFault": {"type": "integer", "description": "The step reached when the operator charged the "
                                                                   "fault it recovers (for stepsRolledBack)."},
+                "leaderGap": {"type": "number", "description": "The lost leader pod's run: the step time (Unix "
+                                                               "seconds) its counted in-loop time ends at, until the "
+                                                               "other pods say where that run ended."},
                 "chargeTimes": _obj(
                     {counter: {"type": "array", "items": _str(format="date-time"), "maxItems": 1001,
                                "description": f"When each charge against {limit} that still counts was made, "

@@ -220,7 +220,7 @@ def fold(status: Status, found: list[Report], listed: set[str], now: datetime.da
         kept = {k: max(v, seen.get(k, 0)) if k != "causes" else v for k, v in entry.items()}
         if r.leader and r.step_at and delta_loop > 0:
             kept["leaderStepAt"] = r.step_at  # where its counted in-loop time ends (close_lost_leader)
-        elif seen.get("leaderStepAt") and r.uid not in ended:
+        elif seen.get("leaderStepAt"):
             kept["leaderStepAt"] = seen["leaderStepAt"]
         if kept["inProcess"] or kept["launcher"] or kept["inLoopSeconds"] or kept["causes"]:
             ledger.reports[r.uid] = kept
@@ -307,19 +307,25 @@ def close_lost_leader(status: Status, found: list[Report], gone: set[str]) -> No
     the end of its run went uncounted (the goodput benchmark's node-0 loss: 23 % infrastructure goodput in
     status against 34 % on the workers' timeline). The other pods trained with it step by step until the run
     broke: the newest step of theirs in that run (after its last report, before any run of theirs that began
-    later) is where it ended."""
+    later) is where it ended. Their reports of the break may come a pass later than the leader's pod is
+    gone: the gap waits for them in status.recovery.leaderGap (the step time its counted time ends at) until
+    a new leader's run reports."""
     ledger = status.recovery
     for uid in gone:
-        entry = ledger.reports.get(uid) or {}
-        last = entry.get("leaderStepAt")
-        if not last:
-            continue
-        ends = [r.step_at for r in found if r.uid != uid and r.step_at and r.step_at > last
-                and (r.run_since is None or r.run_since <= last or r.step_at < r.run_since)]
-        if ends:
-            goodput = status.goodput = dict(status.goodput or {})
-            goodput["inLoopSeconds"] = round(float(goodput.get("inLoopSeconds", 0.0)) + max(ends) - last, 2)
-            entry["leaderStepAt"] = max(ends)
+        last = (ledger.reports.get(uid) or {}).pop("leaderStepAt", None)
+        if last and not ledger.leader_gap:
+            ledger.leader_gap = float(last)
+    last = ledger.leader_gap
+    if not last:
+        return
+    ends = [r.step_at for r in found if r.uid not in gone and r.step_at and r.step_at > last
+            and (r.run_since is None or r.run_since <= last or r.step_at < r.run_since)]
+    if ends:
+        goodput = status.goodput = dict(status.goodput or {})
+        goodput["inLoopSeconds"] = round(float(goodput.get("inLoopSeconds", 0.0)) + max(ends) - last, 2)
+        ledger.leader_gap = last = max(ends)
+    if any(r.leader and r.run_since and r.run_since > last and r.in_loop_seconds for r in found):
+        ledger.leader_gap = None  # a new leader's run counts now: what the others knew of the old one is in
 
 
 def update_goodput(status: Status, found: list[Report], now: datetime.datetime) -> None:

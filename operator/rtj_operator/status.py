@@ -64,6 +64,9 @@ class Ledger:
     # With restartBudget.windowSeconds: the times of the charges that still count, per budget counter
     # (jobRestarts, disruptions), oldest first, at most the budget's limit + 1 (ladder.charges_in_window).
     charge_times: dict[str, list[str]] = field(default_factory=dict)
+    # The lost leader's run: the step time (Unix seconds) its counted in-loop time ends at, until the other
+    # pods' reports say where that run ended (progress.close_lost_leader).
+    leader_gap: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Ledger:
@@ -87,6 +90,7 @@ class Ledger:
             events=copy.deepcopy(dict(data.get("events") or {})),
             step_at_fault=data.get("stepAtFault"),
             charge_times={str(k): [str(t) for t in v or []] for k, v in (data.get("chargeTimes") or {}).items()},
+            leader_gap=data.get("leaderGap"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,6 +123,8 @@ class Ledger:
             out["events"] = copy.deepcopy(self.events)
         if self.step_at_fault is not None:
             out["stepAtFault"] = self.step_at_fault
+        if self.leader_gap:
+            out["leaderGap"] = self.leader_gap
         if any(self.charge_times.values()):
             out["chargeTimes"] = {k: list(v) for k, v in self.charge_times.items() if v}
         return out

@@ -174,6 +174,23 @@ def test_a_lost_leaders_run_is_counted_to_where_the_others_say_it_ended():
     closed = again(w, counted)
     assert closed.status.goodput["inLoopSeconds"] == 312.0
     assert again(w, closed).status.goodput["inLoopSeconds"] == 312.0  # once
+    # The other pod's report of the break may come after the leader's pod is gone (CI: the operator failed
+    # the pod at once, the survivor reported a second later): the gap waits for it.
+    late = world(report(step=100, at=-20.0, leader=True, inLoopSeconds=300.0), report(step=100, at=-20.0),
+                 startTime=ts(600))
+    first = late.run()
+    del late.world.pods[0]
+    waiting = again(late, first)
+    assert waiting.status.goodput["inLoopSeconds"] == 300.0 and waiting.status.recovery.leader_gap == T - 20.0
+    late.world.pods[0]["status"]["conditions"] = []
+    reporting(late.world.pods[0], report(step=124, at=-8.0, state="Recovering"))
+    filled = again(late, waiting)
+    assert filled.status.goodput["inLoopSeconds"] == 312.0
+    # A new leader's run counts from here on: the gap is closed.
+    late.world.pods[0]["status"]["conditions"] = []
+    reporting(late.world.pods[0], report(step=130, at=-1.0, leader=True, inLoopSeconds=4.0, runSince=T - 5))
+    after = again(late, filled)
+    assert after.status.recovery.leader_gap is None and after.status.goodput["inLoopSeconds"] == 316.0
     # A step of a run that began after the leader's last report is no evidence: nothing added.
     fresh = world(report(step=100, at=-20.0, leader=True, inLoopSeconds=300.0), report(step=100, at=-20.0),
                   startTime=ts(600))
