@@ -747,7 +747,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                                 "(WaitingForFencing)."),
                 "nodeExclusionSeconds": _int(3600, 0, 604800, "How long a node the job left for ill health (a "
                                                               "health agent's condition or label), or on which its "
-                                                              "pods failed twice, is kept out of its placement: no "
+                                                              "pods failed twice in a row, is kept out of its "
+                                                              "placement: no "
                                                               "replacement or spare pod lands there meanwhile "
                                                               "(status.excludedNodes, at most 16). 0: never."),
             },
@@ -977,8 +978,8 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                 "suspendedJob": {"type": "boolean", "description": "The operator suspended the Job (spec.suspend, "
                                                                  "capacity): it un-suspends only a Job it suspended."},
                 "nodeFailures": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 64,
-                                 "description": "Failures charged to the job, by the node its pod ran on: two "
-                                                "exclude the node."},
+                                 "description": "Failures charged to the job in a row on one node (a failure "
+                                                "on another node ends the count): two exclude the node."},
                 "capacityFit": _str("The nodes that fitted the job when it was suspended for capacity, as "
                                     "'<count>:<sha256 of their sorted uids>': it resumes once the fitting nodes "
                                     "are enough and not these.", maxLength=128),

@@ -95,7 +95,7 @@ def test_a_node_where_the_jobs_pods_keep_failing_is_excluded(rtj, kube, ns, oper
     st = wait_until(lambda: rtj.status() if rtj.status().get("excludedNodes") else None, timeout=30,
                     what="the node excluded")
     assert st["jobRestarts"] == 2 and [e["node"] for e in st["excludedNodes"]] == [storm]
-    assert "2 failures of the job's pods" in st["excludedNodes"][0]["reason"]
+    assert "2 failures of the job's pods in a row" in st["excludedNodes"][0]["reason"]
     fresh = own_nodes(1)[0]
     rtj.wait_running(nodes=2, timeout=90)
     assert pod_of(rtj, "1")["spec"]["nodeName"] == fresh

@@ -334,8 +334,23 @@ def test_two_job_failures_on_one_node_exclude_it():
     intent = w.run()
     assert intent.status.job_restarts == 1
     assert [e["node"] for e in intent.status.excluded_nodes] == ["n1"]
-    assert "2 failures of the job's pods" in intent.status.excluded_nodes[0]["reason"]
+    assert "2 failures of the job's pods in a row" in intent.status.excluded_nodes[0]["reason"]
     assert "n1" not in intent.status.recovery.node_failures
+
+
+def test_job_failures_that_move_from_node_to_node_exclude_none():
+    """The job's own code fails wherever it runs (every fault fails its pod with in-job recovery off): a
+    failure on another node ends the count, so only two in a row on one node exclude it."""
+    w = W(pods=3, restartBudget={"maxRestarts": 10, "maxRestartsWithoutProgress": 10})
+    intent = None
+    for n, index in enumerate((1, 2, 1, 2)):  # n1, n2, n1, n2: each node twice, never twice in a row
+        w.world.pods = [pod(i) for i in range(3)]
+        w.world.pods[index] = pod(index, "Failed", code=exit_codes.LAUNCHER_BUDGET_EXHAUSTED)
+        w.world.pods[index]["metadata"]["uid"] = f"failed-{n}"
+        intent = w.run()
+        w.body["status"] = intent.status.to_dict()
+    assert intent.status.job_restarts == 4 and not intent.status.excluded_nodes, reasons(intent)
+    assert intent.status.recovery.node_failures == {"n2": 1}
 
 
 def test_one_job_failure_is_only_counted():

@@ -20,7 +20,6 @@ from .pods import addressed_coordinator, bound_since, coordinator_attempt, gated
 # and a node is excluded once this many failures charged to the job happened on it.
 MAX_EXCLUDED = 16
 REPEATED_FAILURES = 2
-MAX_NODE_FAILURES = 64
 HOSTNAME_FIELD = "metadata.name"
 # How often a gang held for its coordinator's name looks again, once the coordinator has an address: no
 # watch feeds the EndpointSlices (World.coordinator_published), and the controller publishes within seconds.
@@ -146,16 +145,19 @@ def exclude(d: Draft, node: str, reason: str) -> None:
 
 
 def count_node_failure(d: Draft, node: str, reason: str) -> None:
-    """A failure charged to the job on `node`: the second one there excludes the node (a restart storm on
-    one machine is the machine's, whatever the health agents say)."""
+    """A failure charged to the job on `node`: the second one in a row there (no failure charged on another
+    node between) excludes the node. A restart storm on one machine is the machine's, whatever the health
+    agents say; failures that move from node to node are the job's own code, and excluding each node they
+    touch left a job without in-job recovery (every fault fails its pod) with no node to run on after two
+    faults (bench/goodput.py's kubernetes mode: both nodes excluded, the gang suspended for capacity that
+    existed)."""
     failures = d.status.recovery.node_failures
-    n = failures.pop(node, 0) + 1
+    n = failures.get(node, 0) + 1
+    failures.clear()  # another node's count ends with this failure: only a run on one node counts
     if n >= REPEATED_FAILURES:
-        exclude(d, node, f"{n} failures of the job's pods on this node (last: {reason})")
+        exclude(d, node, f"{n} failures of the job's pods in a row on this node (last: {reason})")
         return
     failures[node] = n
-    while len(failures) > MAX_NODE_FAILURES:
-        failures.pop(next(iter(failures)))
 
 
 def expire_exclusions(d: Draft) -> None:
