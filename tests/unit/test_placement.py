@@ -351,6 +351,15 @@ def test_job_failures_that_move_from_node_to_node_exclude_none():
         w.body["status"] = intent.status.to_dict()
     assert intent.status.job_restarts == 4 and not intent.status.excluded_nodes, reasons(intent)
     assert intent.status.recovery.node_failures == {"n2": 1}
+    # Two in a row on n1 exclude it; the same failures going on in a row on the node the job moved to are the
+    # job's code: n2 is not excluded too.
+    for n, index in enumerate((1, 1, 2, 2), start=4):
+        w.world.pods = [pod(i) for i in range(3)]
+        w.world.pods[index] = pod(index, "Failed", code=exit_codes.LAUNCHER_BUDGET_EXHAUSTED)
+        w.world.pods[index]["metadata"]["uid"] = f"failed-{n}"
+        intent = w.run()
+        w.body["status"] = intent.status.to_dict()
+    assert [e["node"] for e in intent.status.excluded_nodes] == ["n1"], reasons(intent)
 
 
 def test_one_job_failure_is_only_counted():

@@ -144,20 +144,24 @@ def exclude(d: Draft, node: str, reason: str) -> None:
         d.event("Warning", "NodeExcluded", f"Node {node} is kept out of the job's placement until {until}: {reason}")
 
 
+REPEATED = "failures of the job's pods in a row on this node"
+
+
 def count_node_failure(d: Draft, node: str, reason: str) -> None:
     """A failure charged to the job on `node`: the second one in a row there (no failure charged on another
-    node between) excludes the node. A restart storm on one machine is the machine's, whatever the health
-    agents say; failures that move from node to node are the job's own code, and excluding each node they
-    touch left a job without in-job recovery (every fault fails its pod) with no node to run on after two
-    faults (bench/goodput.py's kubernetes mode: both nodes excluded, the gang suspended for capacity that
+    node between) excludes the node, unless a node is excluded for that already. A restart storm on one
+    machine is the machine's, whatever the health agents say; failures that move from node to node, or
+    that go on the same way on the node the job moved to, are the job's own code. Excluding every node they
+    touched left a job without in-job recovery (every fault fails its pod) no node to run on after a few
+    faults (bench/goodput.py's kubernetes mode: every node excluded, the gang suspended for capacity that
     existed)."""
     failures = d.status.recovery.node_failures
     n = failures.get(node, 0) + 1
     failures.clear()  # another node's count ends with this failure: only a run on one node counts
-    if n >= REPEATED_FAILURES:
-        exclude(d, node, f"{n} failures of the job's pods in a row on this node (last: {reason})")
-        return
-    failures[node] = n
+    if n < REPEATED_FAILURES:
+        failures[node] = n
+    elif not any(REPEATED in e.get("reason", "") for e in d.status.excluded_nodes if in_force(e, d.now)):
+        exclude(d, node, f"{n} {REPEATED} (last: {reason})")
 
 
 def expire_exclusions(d: Draft) -> None:
