@@ -612,10 +612,10 @@ def coordinator_finding(pod: dict[str, Any], node: dict[str, Any] | None, now: d
     Succeeded; it is the platform's loss all the same (issue 29.4: the workers' exits for their lost store
     were charged to the job), found as soon as it is Terminating."""
     deleted = bool(pod["metadata"].get("deletionTimestamp")) or bool(_disruption(pod))
-    if (pod.get("status") or {}).get("phase") == "Succeeded" and not deleted:
+    succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
+    if succeeded and not deleted:
         return None  # nvrx-control ends once the gang stopped; the workers say why
-    found = None if (pod.get("status") or {}).get("phase") == "Succeeded" else classify(
-        pod, node, now, timing, plan, fenced)
+    found = None if succeeded else classify(pod, node, now, timing, plan, fenced)
     if found is None and deleted:
         name = pod["metadata"]["name"]
         found = Finding(name, pod["metadata"].get("uid", name), PLATFORM_FAULT, "PodDeleted",

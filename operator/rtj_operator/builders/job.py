@@ -49,8 +49,9 @@ def _as_list(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def _grace(rtj: RTJ, grace: int | None) -> int:
-    """The pods' grace period: the spec's, else the measured one a gang was built with, else the default."""
+def grace_seconds(rtj: RTJ, grace: int | None) -> int:
+    """The pods' grace period: the spec's, else the measured one a gang was built with, else the default
+    (policies/grace.py reads it here)."""
     return rtj.spec["resiliency"].get("terminationGracePeriodSeconds") or grace or api.DEFAULT_GRACE_SECONDS
 
 
@@ -92,7 +93,7 @@ def _env(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -> lis
         "RTJ_FT_MAX_NO_PROGRESS_CYCLES": str(res["maxNoProgressCycles"]),
         "RTJ_ATTEMPT": str(attempt),
         # The pod's terminationGracePeriodSeconds: the worker stops its ranks (and saves) within it.
-        "RTJ_GRACE_SECONDS": str(_grace(rtj, grace)),
+        "RTJ_GRACE_SECONDS": str(grace_seconds(rtj, grace)),
         # Stored in every checkpoint's COMPLETE marker: a job never loads or prunes another's steps.
         "RTJ_UID": rtj.uid or rtj.name,
     }
@@ -219,7 +220,7 @@ def _pod_spec(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -
     pod: dict[str, Any] = {
         "restartPolicy": "Never",  # restarts inside the pod belong to ft_launcher
         "subdomain": service_name(rtj),
-        "terminationGracePeriodSeconds": _grace(rtj, grace),
+        "terminationGracePeriodSeconds": grace_seconds(rtj, grace),
         "nodeSelector": node_selector,
         "tolerations": _tolerations(rtj),
         "affinity": _affinity(rtj, attempt),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rtj_worker.launch import stop_bounds
 
 from .. import api
+from ..builders.job import grace_seconds
 from ..spec import RTJ
 
 if TYPE_CHECKING:  # world.py imports this module, and draft.py imports world.py
@@ -70,7 +71,7 @@ def applied(rtj: RTJ, job: dict[str, Any] | None) -> int | None:
 
 def effective(rtj: RTJ, job: dict[str, Any] | None) -> int:
     """The grace period `job`'s pods have (or a new gang's would have, for job=None: the default)."""
-    return configured(rtj) or applied(rtj, job) or DEFAULT_SECONDS
+    return grace_seconds(rtj, applied(rtj, job))
 
 
 def for_new_gang(d: Draft) -> int | None:
@@ -87,7 +88,7 @@ def for_new_gang(d: Draft) -> int | None:
 def describe(rtj: RTJ, measured: int | None, progress: dict[str, Any] | None) -> dict[str, Any]:
     """status.stopGrace: the running gang's grace, where it comes from, and what the measurements ask for."""
     spec = configured(rtj)
-    out: dict[str, Any] = {"appliedSeconds": spec or measured or DEFAULT_SECONDS,
+    out: dict[str, Any] = {"appliedSeconds": grace_seconds(rtj, measured),
                            "source": SPEC if spec is not None else MEASURED if measured else DEFAULT}
     if need := needed_seconds(progress):
         out["saveSeconds"] = round(need, 1)
