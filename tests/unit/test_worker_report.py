@@ -438,6 +438,35 @@ def test_a_script_that_reports_steps_is_counted_at_its_first_step_not_at_the_ren
     assert report["restarts"]["Launcher"] == 1 and report["last"]["rolledBack"] == 5
 
 
+def test_a_respawn_that_fails_before_its_first_step_is_a_restart_of_its_own(tmp_path: Path) -> None:
+    """A launcher restart whose new ranks failed again before their first step (seen with real gloo under
+    load: the respawned rank aborted in its process-group setup) is one more respawn of the launcher, with
+    its own cause: the pod counts as many as the launcher's records say, where the second used to replace
+    the first, still pending, and one went uncounted."""
+    pod = Pod(tmp_path)
+    pod.start()
+    pod.steps(1, 25)
+    pod.line(KILLED.replace("exitcode: -9", "exitcode: 3"))
+    pod.line(UNHEALTHY)
+    pod.clock.now += 3
+    pod.line(JOINED)
+    pod.start(step=20)  # new processes, no step yet
+    pod.clock.now += 4
+    second_at = pod.clock.now
+    pod.line(KILLED.replace("exitcode: -9", "exitcode: -6"))
+    pod.line(FAILED)
+    assert pod.report()["restarts"]["Launcher"] == 1 and pod.report()["recovering"]["cause"] == "RankKilled"
+    pod.clock.now += 3
+    pod.line(JOINED)
+    pod.start(step=20)
+    pod.steps(21, 21)
+    report = pod.report()
+    assert report["restarts"] == {"InProcess": 0, "Launcher": 2}
+    assert report["causes"] == {"Launcher/RankExited": 1, "Launcher/RankKilled": 1}
+    assert report["last"]["cause"] == "RankKilled" and report["last"]["at"] == pytest.approx(second_at, abs=0.01)
+    assert report["last"]["rolledBack"] == 5  # the step before the first fault, back to the checkpoint's 20
+
+
 def test_a_rendezvous_after_a_peers_restart_counts_nothing_here(tmp_path: Path) -> None:
     pod = Pod(tmp_path)
     pod.line(JOINED)

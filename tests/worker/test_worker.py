@@ -23,6 +23,7 @@ from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.crashloop import GROUP_FAILED
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
 from rtj_worker.launch import LAUNCHER_MAIN, NO_PROGRESS_LINE, training_command
+from rtj_worker.report import SELF_RESTART
 from testkit import free_port, wait_until
 
 STEPS = 60
@@ -357,6 +358,14 @@ def test_a_users_megatron_style_script_reports_its_checkpoint_step(tmp_path):
     assert (tmp_path / "ckpt" / "iter_0000040" / "mp_rank_01.pt").exists()
 
 
+RANK_CAUSES = {"Launcher/RankExited", "Launcher/RankKilled"}
+
+
+def respawns_in(log: str) -> int:
+    """How many times the pod's ft_launcher restarted its worker group, by the launcher's own records: what
+    the pod's report must count, whatever torch did in between."""
+    return len(SELF_RESTART.findall(log))
+
 @pytest.mark.nvrx041
 def test_a_plain_ddp_script_is_respawned_and_its_launcher_restart_shows(tmp_path):
     """Issue 28: a script with nothing but PyTorch (no rtj_worker.progress, no NVRx): ft_launcher respawns it
@@ -366,11 +375,15 @@ def test_a_plain_ddp_script_is_respawned_and_its_launcher_restart_shows(tmp_path
     run_ = local.start(tmp_path, [], command=["python", str(script), "--steps", "30", "--crash-at", "12"]).wait(240)
     assert run_.code == exit_codes.OK, run_.log[-3000:]
     progress = run_.report["progress"]
-    assert progress["restarts"] == {"InProcess": 0, "Launcher": 1} and "recovering" not in progress, progress
-    # The first exit the launcher saw: rank 1's own (3) or rank 0's, whose collective lost rank 1 (1).
-    assert progress["causes"] == {"Launcher/RankExited": 1} and "exited with code" in progress["last"]["detail"]
+    respawns = respawns_in(run_.log)  # 1; 2 where the respawned gloo group aborted in its setup (loaded machine)
+    assert respawns >= 1 and progress["restarts"] == {"InProcess": 0, "Launcher": respawns}, progress
+    assert "recovering" not in progress, progress
+    # Each named from the launcher's record of the exit: rank 1's own (3), or rank 0's, whose collective lost
+    # rank 1 (1, or SIGABRT where gloo aborts).
+    assert sum(progress["causes"].values()) == respawns and set(progress["causes"]) <= RANK_CAUSES, progress
     assert "rolledBack" not in progress["last"]  # its steps are its own: none is claimed
-    assert (tmp_path / "ckpt" / "plain" / "resumed-from").read_text().split() == ["0", "10"]
+    resumed = (tmp_path / "ckpt" / "plain" / "resumed-from").read_text().split()
+    assert resumed[:2] == ["0", "10"] and len(resumed) == respawns + 1, resumed
 
 
 def test_a_script_with_the_progress_library_shows_its_steps_and_what_a_restart_rolled_back(tmp_path):
@@ -383,9 +396,11 @@ def test_a_script_with_the_progress_library_shows_its_steps_and_what_a_restart_r
     assert run_.code == exit_codes.OK, run_.log[-3000:]
     progress = run_.report["progress"]
     assert progress["step"] == 30 and run_.report["checkpointStep"] == 30, run_.report
-    assert progress["restarts"] == {"InProcess": 0, "Launcher": 1} and "recovering" not in progress, progress
-    # Rank 1 died before step 12; rank 0 had made step 11; the run resumed from the checkpoint of step 10.
-    assert progress["last"]["rolledBack"] == 1 and progress["last"]["cause"] == "RankExited", progress
+    respawns = respawns_in(run_.log)  # see the plain script's test
+    assert progress["restarts"] == {"InProcess": 0, "Launcher": respawns} and "recovering" not in progress, progress
+    # Rank 1 died before step 12; rank 0 had made step 11; the run resumed from the checkpoint of step 10
+    # (and, if its respawn failed before its first step, from it again).
+    assert progress["last"]["rolledBack"] == 1 and f"Launcher/{progress['last']['cause']}" in RANK_CAUSES, progress
     assert progress["stepSeconds"] > 0
 
 

@@ -260,6 +260,11 @@ class Tracker:
             self._end_run()
             self._set_state(RECOVERING)
             return
+        if pending is not None and pending.tier == LAUNCHER:
+            # The previous respawn failed again before its first step: it was a respawn all the same (the
+            # launcher spent a restart on it), counted here with no steps rolled back claimed.
+            self._count(pending, LAUNCHER, at, rolled_back=None)
+            pending = None
         if self._hung:
             cause, detail = "RankHung", self._hung
         elif pending is not None and pending.tier == INPROCESS:
