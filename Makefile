@@ -17,7 +17,7 @@ WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &
 
 .PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds images-efa \
 	chart-readme docs-tables bench bench-operator bench-worker images clean nvrx06 test-worker \
-	bench-checkpoint gpu-bundle gpu-check bench-reports
+	bench-checkpoint gpu-bundle gpu-check bench-reports worker-wheel
 
 demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
 	$(WITH_KUBE) $(WITH_NVRX06) PYTHONPATH=hack $(PY) -m rtj_dev.demo
@@ -110,6 +110,13 @@ $(NVRX06_DIR)/.installed: | $(VENV)/.installed  # pinned: independent of the ven
 		--target $(NVRX06_DIR) nvidia-resiliency-ext==0.6.0
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --target $(NVRX06_DIR) $(NVRX06_DEPS)
 	touch $@
+
+# rtj-worker alone (worker/pyproject.toml) for an image of the user's own: built from a copy, so that setuptools'
+# build/ and egg-info stay out of worker/ (an egg-info on PYTHONPATH=worker would be a second rtj-worker).
+worker-wheel: setup ## The rtj-worker wheel (entrypoint and progress library, no dependencies) into dist/
+	rm -rf build/worker-src && mkdir -p build && cp -r worker build/worker-src
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist build/worker-src && rm -rf build/worker-src
+	@ls dist/rtj_worker-*.whl
 
 test-worker: setup ## All the worker's tests against the venv's NVRx (0.4.1; make test runs the nvrx041 subset)
 	PYTHONPATH=operator:worker $(PY) -m pytest $(WORKER_TESTS)

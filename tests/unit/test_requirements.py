@@ -84,3 +84,23 @@ def test_the_image_check_loads_the_plugin_and_reads_its_network(tmp_path, monkey
     assert f"network '{name}'" in capsys.readouterr().out
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "none"))
     assert requirements.main(["efa"]) == 1
+
+
+@pytest.mark.parametrize("installed, python, want", [
+    ({"torch": "2.13.0", "nvidia-resiliency-ext": "0.6.0"}, (3, 11, 7), []),
+    ({"torch": "2.11.0+cu130", "nvidia-resiliency-ext": "0.4.1"}, (3, 12, 1), []),
+    ({"torch": "2.13.0"}, (3, 11, 7), ["nvidia-resiliency-ext is not installed (ft_launcher"]),
+    ({}, (3, 11, 7), ["torch is not installed", "nvidia-resiliency-ext is not installed"]),
+    ({"torch": "2.13.0", "nvidia-resiliency-ext": "0.3.0"}, (3, 11, 7), ["nvidia-resiliency-ext 0.3.0 is older"]),
+    ({"torch": "1.13.1", "nvidia-resiliency-ext": "0.6.0"}, (3, 11, 7), ["torch 1.13.1 is older than 2.0"]),
+    ({"torch": "2.13.0", "nvidia-resiliency-ext": "0.6.0"}, (3, 9, 18), ["Python 3.9.18 is older than the 3.10"]),
+])
+def test_an_image_without_what_rtj_worker_needs_is_one_clear_error(installed, python, want):
+    found = requirements.image_problems(installed.get, python)
+    assert len(found) == len(want) and all(w in f for w, f in zip(want, found, strict=True)), found
+    if found:
+        assert "docs/your-script.md" in found[-1]
+
+
+def test_this_venv_has_what_rtj_worker_needs():
+    assert requirements.image_problems() == []

@@ -305,6 +305,8 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
 
     try:
         cfg = LaunchConfig.from_env(env)
+        if lacking := requirements.image_problems():
+            raise ConfigError("; ".join(lacking))
         command = training_command(command)
         argv = launcher_argv(cfg, command)
         child_env = launcher_env(cfg, env)

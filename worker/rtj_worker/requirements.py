@@ -39,6 +39,14 @@ MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
 # NCCL releases that crash under in-process restart (NVRx's known issues).
 NCCL_INPROCESS_BROKEN = ((2, 28, 3), (2, 28, 8))
 Version = tuple[int, ...]
+# What every image that runs rtj-worker needs besides this package (docs/your-script.md, "What the image must
+# contain"): the distribution, the lowest version whose launcher flags rtj_worker.launch was checked against
+# (fault_tolerance/launcher.py of 0.4.1 and 0.6.0), and why.
+IMAGE_PACKAGES = (
+    ("torch", (2, 0), "the ranks' process groups, and ft_launcher's elastic agent"),
+    ("nvidia-resiliency-ext", (0, 4, 1), "ft_launcher, which rtj-worker starts"),
+)
+SUPPORTED_PYTHON = (3, 10)
 
 
 def parse_version(text: str) -> Version | None:
@@ -85,6 +93,36 @@ def problems(env: Mapping[str, str], driver: Version | None, cuda: Version | Non
                    f"{'.'.join(map(str, low))} to {'.'.join(map(str, high))}): use another NCCL in the image, "
                    "or set resiliency.inProcessRestart.enabled to false")
     return out
+
+
+def image_problems(version: Callable[[str], str | None] | None = None,
+                   python: Version = tuple(sys.version_info[:3])) -> list[str]:
+    """What the image lacks to run rtj-worker at all (empty: nothing): an image of the user's own that
+    installed this package but not torch or NVRx, or too old a one, fails here with one clear configuration
+    error, not with a launcher traceback that ft_launcher's restarts and the operator's replay."""
+    version = version or _installed
+    out = []
+    if python[:2] < SUPPORTED_PYTHON:
+        out.append(f"Python {'.'.join(map(str, python))} is older than the "
+                   f"{'.'.join(map(str, SUPPORTED_PYTHON))} rtj-worker needs")
+    for name, lowest, why in IMAGE_PACKAGES:
+        found = version(name)
+        have = parse_version(found) if found else None
+        if found is None:
+            out.append(f"{name} is not installed ({why})")
+        elif have is not None and have[:len(lowest)] < lowest:
+            out.append(f"{name} {found} is older than {'.'.join(map(str, lowest))} ({why})")
+    if out:
+        out[-1] += ("; the image must contain Python, torch, nvidia-resiliency-ext and the rtj-worker package "
+                    "(docs/your-script.md): build it FROM the worker image, or pip install them")
+    return out
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def check(env: Mapping[str, str]) -> list[str]:
