@@ -1005,6 +1005,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                 "leaderGap": {"type": "number", "description": "The lost leader pod's run: the step time (Unix "
                                                                "seconds) its counted in-loop time ends at, until the "
                                                                "other pods say where that run ended."},
+                "trainedAttempt": {"type": "integer", "description": "The newest attempt whose ranks were seen "
+                                   "started (a pod reported Training or Started; or no pod of it reports): "
+                                   "before, its gang shows Pending, RanksStarting, with all its pods ready."},
                 "chargeTimes": _obj(
                     {counter: {"type": "array", "items": _str(format="date-time"), "maxItems": 1001,
                                "description": f"When each charge against {limit} that still counts was made, "

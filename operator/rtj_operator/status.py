@@ -67,6 +67,9 @@ class Ledger:
     # The lost leader's run: the step time (Unix seconds) its counted in-loop time ends at, until the other
     # pods' reports say where that run ended (progress.close_lost_leader).
     leader_gap: float | None = None
+    # The newest attempt whose ranks were seen started (a pod reported Training or Started, or no pod of it
+    # reports at all): from then on that gang is Running whenever its pods are (policies/phase.ranks_started).
+    trained_attempt: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Ledger:
@@ -91,6 +94,7 @@ class Ledger:
             step_at_fault=data.get("stepAtFault"),
             charge_times={str(k): [str(t) for t in v or []] for k, v in (data.get("chargeTimes") or {}).items()},
             leader_gap=data.get("leaderGap"),
+            trained_attempt=data.get("trainedAttempt"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +129,8 @@ class Ledger:
             out["stepAtFault"] = self.step_at_fault
         if self.leader_gap:
             out["leaderGap"] = self.leader_gap
+        if self.trained_attempt is not None:
+            out["trainedAttempt"] = self.trained_attempt
         if any(self.charge_times.values()):
             out["chargeTimes"] = {k: list(v) for k, v in self.charge_times.items() if v}
         return out

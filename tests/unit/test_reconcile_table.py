@@ -836,3 +836,48 @@ def test_a_gang_whose_pods_take_turns_on_too_few_nodes_is_suspended_after_capaci
     decided = w.run()
     assert decided.status.recovery.suspended_for_capacity and "SuspendingForCapacity" in reasons(decided)
     assert (decided.status.job_restarts, decided.status.attempt) == (0, 1)
+
+
+# --- Running waits for the ranks (policies/phase.ranks_started) --------------------------------------------
+
+
+def reporting(p: dict[str, Any], state: str | None, ready_for: float) -> dict[str, Any]:
+    """The pod Ready `ready_for` seconds ago, with its worker's report in `state` (None: no report at all)."""
+    p["status"]["conditions"][0]["lastTransitionTime"] = ts(ready_for)
+    if state is not None:
+        report = {"v": 1, "state": state, "step": 0, "restarts": {}, "causes": {}, "at": NOW.timestamp()}
+        p["status"]["conditions"].append({"type": "rtj.dev/Progress", "status": str(state == "Training"),
+                                          "reason": state, "message": json.dumps(report)})
+    return p
+
+
+@pytest.mark.parametrize("states, ready_for, trained, phase, reason", [
+    # A new gang whose pods are Ready: Running only once a pod says its ranks started.
+    (("Waiting", "Waiting"), 60, None, "Pending", "RanksStarting"),
+    (("Recovering", "Waiting"), 60, None, "Pending", "RanksStarting"),  # failed before it ever started
+    (("Started", "Waiting"), 60, None, "Running", "AllNodesRunning"),  # a script that reports no steps
+    (("Training", "Waiting"), 60, None, "Running", "AllNodesRunning"),
+    (("Finished", "Finished"), 60, None, "Running", "AllNodesRunning"),
+    # Pods that report nothing (no worker in them, or their patches refused): readiness, after a grace.
+    ((None, None), 2, None, "Pending", "RanksStarting"),
+    ((None, None), 6, None, "Running", "AllNodesRunning"),
+    # Once this attempt started, a recovery inside it is Running with its pods, as before.
+    (("Recovering", "Waiting"), 60, 1, "Running", "AllNodesRunning"),
+    # An earlier attempt's start says nothing of this one's (a gang restart; a spec edit with a typo).
+    (("Waiting", "Waiting"), 60, 0, "Pending", "RanksStarting"),
+])
+def test_a_gang_is_running_once_its_ranks_started_not_when_its_pods_are_ready(states, ready_for, trained, phase,
+                                                                               reason):
+    w = W()
+    w.world.pods = [reporting(p, s, ready_for) for p, s in zip(w.world.pods, states, strict=True)]
+    w.status(phase="Pending", **({"recovery": {"trainedAttempt": trained}} if trained is not None else {}))
+    intent = w.run()
+    running = next(c for c in intent.status.conditions if c["type"] == "Running")
+    assert (intent.status.phase, running["reason"]) == (phase, reason), running
+    if phase == "Running":
+        assert intent.status.recovery.trained_attempt == 1 and "Running" in reasons(intent)
+    else:
+        assert intent.status.recovery.trained_attempt == trained and "Running" not in reasons(intent)
+        assert "no rank has started training" in running["message"] and intent.requeue.seconds <= 30
+    if states == (None, None) and phase == "Pending":
+        assert intent.requeue.seconds <= 5 - ready_for + 0.5  # looks again when the grace ends

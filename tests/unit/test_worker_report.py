@@ -17,6 +17,7 @@ from rtj_worker.report import (
     CONDITION,
     FOLLOWER_SECONDS,
     INTERVAL_SECONDS,
+    STARTED_SECONDS,
     PodReporter,
     ReportRejected,
     Tracker,
@@ -465,6 +466,38 @@ def test_a_respawn_that_fails_before_its_first_step_is_a_restart_of_its_own(tmp_
     assert report["causes"] == {"Launcher/RankExited": 1, "Launcher/RankKilled": 1}
     assert report["last"]["cause"] == "RankKilled" and report["last"]["at"] == pytest.approx(second_at, abs=0.01)
     assert report["last"]["rolledBack"] == 5  # the step before the first fault, back to the checkpoint's 20
+
+
+def test_a_script_that_reports_no_steps_says_started_once_its_ranks_stayed_up(tmp_path: Path) -> None:
+    """What the operator shows Running on (policies/phase.ranks_started): a worker group up STARTED_SECONDS
+    without a failure, for a script that reports no steps; a command that fails at start never says it."""
+    pod = Pod(tmp_path)
+    pod.line(JOINED)
+    pod.clock.now += STARTED_SECONDS - 1
+    assert pod.report()["state"] == "Waiting"
+    pod.line(KILLED.replace("exitcode: -9", "exitcode: 1"))  # the typo, just before
+    pod.line(UNHEALTHY)
+    pod.clock.now += 5
+    assert pod.report()["state"] == "Recovering"
+    pod.line(JOINED)
+    pod.clock.now += STARTED_SECONDS - 1
+    assert pod.report()["state"] == "Waiting"  # the clock runs from the new group's rendezvous
+    pod.clock.now += 1
+    assert pod.report()["state"] == "Started"
+    pod.line(PEER)  # a peer restarted the rendezvous: not started again until the next group stays up
+    pod.clock.now += STARTED_SECONDS
+    assert pod.report()["state"] == "Recovering"
+
+
+def test_a_script_that_reports_steps_is_training_at_its_first_step(tmp_path: Path) -> None:
+    pod = Pod(tmp_path)
+    pod.line(JOINED)
+    pod.clock.now += 3
+    pod.start()
+    pod.steps(1, 1)
+    assert pod.report()["state"] == "Training"
+    pod.clock.now += STARTED_SECONDS
+    assert pod.report()["state"] == "Training"
 
 
 def test_a_rendezvous_after_a_peers_restart_counts_nothing_here(tmp_path: Path) -> None:

@@ -55,8 +55,14 @@ log = logging.getLogger("rtj_worker.report")
 CONDITION = "rtj.dev/Progress"
 INPROCESS, LAUNCHER = "InProcess", "Launcher"
 # Condition reasons: what this pod's ranks do. Waiting: none started yet (the rendezvous, or a hot spare
-# standing by); Recovering: a fault is being recovered (this pod's or a peer's).
-TRAINING, RECOVERING, WAITING, FINISHED = "Training", "Recovering", "Waiting", "Finished"
+# standing by); Started: a script that has made no step here has had its worker group up STARTED_SECONDS
+# without a failure (what a script that reports no steps can show of training); Recovering: a fault is being
+# recovered (this pod's or a peer's). The operator shows the RTJ Running only once a pod of its gang says
+# Training or Started (policies/phase.ranks_started).
+TRAINING, RECOVERING, WAITING, FINISHED, STARTED = "Training", "Recovering", "Waiting", "Finished", "Started"
+# Longer than a command that fails at start takes to fail (a typo, a missing module: the imports and the
+# process group setup, tens of seconds on a p5), shorter than a user waits to see a healthy job Running.
+STARTED_SECONDS = 30.0
 INTERVAL_SECONDS = 15.0  # the rank-0 pod's refresh while the step moves
 FOLLOWER_SECONDS = 300.0  # the other pods' (the step is the same on every pod)
 MIN_SPACING = 2.0  # between two writes, urgent ones included
@@ -133,6 +139,7 @@ class Tracker:
         self._exit: tuple[int, int, int] | None = None
         self._left = False  # this run's ranks left for peers that left (train.FullWorld)
         self._peer_faults: set[int] = set()  # local ranks of this run that failed with a peer's fault
+        self._joined_at: float | None = None  # when this node's worker group joined its rendezvous (None: none up)
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()  # one reader of the ranks' files at a time
 
@@ -148,8 +155,10 @@ class Tracker:
             elif match := RANK_EXIT.search(message):
                 self._exit = (int(match[1]), int(match[2]), int(match[3]))
             elif SELF_RESTART.search(message):
+                self._joined_at = None
                 self._self_restart(at)
             elif any(marker in message for marker in PEER_RESTART):
+                self._joined_at = None
                 self._end_run()
                 self._set_state(RECOVERING)
             elif FINISHED_LINE in message:
@@ -167,6 +176,9 @@ class Tracker:
                 self._fold(events, progress)
                 if iteration is not None and iteration[0] > (self.ckpt or 0):
                     self.ckpt, self.ckpt_at = iteration
+                joined = self._joined_at
+                if self.state == WAITING and joined is not None and self.clock() - joined >= STARTED_SECONDS:
+                    self._set_state(STARTED)
 
     def _read_iteration(self) -> tuple[int, float] | None:
         """The step in latest_checkpointed_iteration.txt and when it was written, when it changed since the
@@ -291,6 +303,7 @@ class Tracker:
         counted when the new worker group has joined its rendezvous, its seconds the fault's to that
         start, with no steps rolled back claimed (none are known). A script that reports steps is counted
         at its first step (_progress), which is when its recovery really ends."""
+        self._joined_at = at
         pending = self.pending
         if pending is None or pending.tier != LAUNCHER or self.step_at is not None:
             return

@@ -7,6 +7,7 @@ import datetime
 from typing import Any
 
 from rtj_worker.launch import stop_bounds
+from rtj_worker.report import FINISHED, STARTED, STARTED_SECONDS, TRAINING
 
 from .. import conditions, ladder, metrics, progress
 from ..builders import job_name, pvc_name, service_name
@@ -34,6 +35,13 @@ WAITING_FOR_POD_TERMINATION = "WaitingForPodTermination"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
 # True while the health brake holds (ladder._health_brake): evictions for node health wait for a person.
 NODE_HEALTH_BRAKE = "NodeHealthBrake"
+
+# Running waits for the ranks (ranks_started): what a pod's report says once they started (rtj_worker.report),
+# and how long Ready pods may go without any report before their readiness is taken as all there is (a
+# worker writes its first report within about a second of its start).
+RANKS_STARTING = "RanksStarting"
+STARTED_STATES = frozenset({TRAINING, STARTED, FINISHED})
+REPORT_GRACE_SECONDS = 5.0
 
 # Wait reasons that bound nothing (the job trains meanwhile): their time is not the gang's wait.
 UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
@@ -116,6 +124,12 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
         d.busy = True
         reason = ledger.pending_gang_restart or "Restarting"
         d.cond(RUNNING, False, "Restarting", f"{len(ready)}/{desired} nodes ready ({reason})")
+    elif all_running and not ranks_started(d, ready):
+        status.phase = "Pending"
+        d.busy = True
+        d.cond(RUNNING, False, RANKS_STARTING, f"{len(ready)}/{desired} nodes ready; no rank has started training "
+               f"yet: no pod reports a step, or its ranks up {STARTED_SECONDS:g} s (the rendezvous, imports, "
+               "the checkpoint load; a command that fails at start ends CrashLoop)")
     elif all_running:
         status.phase = "Running"
         d.cond(RUNNING, True, "AllNodesRunning", f"{len(ready)}/{desired} nodes ready")
@@ -129,6 +143,32 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
         d.cond(RESTARTING, True, ladder.GANG_RESTART, ledger.pending_gang_restart or "")
     if status.phase != d.old.get("phase") and status.phase == "Running":
         d.event("Normal", "Running", f"All {desired} nodes running")
+
+
+def ranks_started(d: Draft, ready: list[dict[str, Any]]) -> bool:
+    """Whether the current gang's ranks have started training, so that it may show Running: a pod of it
+    reported Training (a step) or Started (its worker group up STARTED_SECONDS, for a script that reports no
+    steps; rtj_worker.report). Pods that have been Ready REPORT_GRACE_SECONDS without any report cannot
+    report (no worker in them, or their status patches refused): their readiness is all there is. Once seen,
+    the attempt stays started (status.recovery.trainedAttempt): a recovery within the gang shows Restarting,
+    then Running with its pods, as before."""
+    ledger, attempt = d.status.recovery, d.status.attempt
+    if ledger.trained_attempt == attempt:
+        return True
+    found = [r for r in map(progress.pod_report, ready) if r is not None]
+    ready_for = min((d.now - since).total_seconds() for since in map(ready_since, ready))
+    if any(r.state in STARTED_STATES for r in found) or (not found and ready_for >= REPORT_GRACE_SECONDS):
+        ledger.trained_attempt = attempt
+        return True
+    if not found:
+        d.wait(max(0.5, REPORT_GRACE_SECONDS - ready_for))
+    return False
+
+
+def ready_since(pod: dict[str, Any]) -> datetime.datetime:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conds if c.get("type") == "Ready"), None) or {}
+    return parse_time(ready.get("lastTransitionTime")) or datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Folded) -> None:
