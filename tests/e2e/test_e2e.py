@@ -326,6 +326,10 @@ def test_a_typo_in_a_users_command_ends_failed_with_its_traceback(run: Run) -> N
     assert "ModuleNotFoundError: No module named 'flash_attn_typo'" in failed["message"], failed
     assert "its last lines: Traceback (most recent call last):" in failed["message"], failed
     assert status.get("jobRestarts", 0) <= 1, status  # the first pod's loop, then the second's confirms it
+    # Its pods were ready, its ranks never started: never shown Running (it was RanksStarting meanwhile).
+    uid = run.job.body()["metadata"]["uid"]
+    assert not [e for e in run.job.events() if e["involvedObject"].get("uid") == uid and e["reason"] == "Running"], \
+        run.job.explain()
     print(f"a typo in the command: Failed {elapsed:.1f} s after kubectl apply")
 
 

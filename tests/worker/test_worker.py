@@ -418,6 +418,9 @@ STORE_LOST_06 = "Agent .run() raised exception, e=DistNetworkError('Failed to re
 RDZV_TIMEOUT_06 = ("Agent .run() raised exception, e=RendezvousTimeoutError(\"The node 'n1' rendezvous has timed out "
                    "after 20.04 seconds (timeout: 20.0s).\")")
 USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
+# NVRx 0.7.0's record (fault_tolerance/launcher.py, FaultToleranceAgent.run).
+PEER_GAVE_UP_07 = ("Rendezvous closed because another launcher reported a terminal worker-group failure. Original "
+                   "rendezvous message: The rendezvous 'job' has been closed.")
 
 
 @pytest.mark.parametrize("lines, runs_ranks, exit_code, command, code", [
@@ -442,6 +445,10 @@ USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
     # NVRx 0.7's "do not requeue", even with 0.6's no-progress line before it.
     (f"{R06}[default] {NO_PROGRESS_LINE}.", True, exit_codes.NVRX_DO_NOT_RESTART, USER_SCRIPT,
      exit_codes.LAUNCHER_DECLINED),
+    # NVRx 0.7: another node's launcher spent its restarts and closed the rendezvous while this one waited for
+    # the next round (it exits 1 where 0.6 exited 0): the gang stopped, whether or not its ranks had run.
+    (R06 + PEER_GAVE_UP_07, True, 1, USER_SCRIPT, exit_codes.GANG_STOPPED),
+    (R06 + PEER_GAVE_UP_07, False, 1, USER_SCRIPT, exit_codes.GANG_STOPPED),
     (R06 + "Agent .run() raised UnhealthyNodeException: Node n0 is unhealthy.", True, 0, USER_SCRIPT,
      exit_codes.NODE_UNHEALTHY),
     (R04 + "Agent .run() raised exception, e=UnhealthyNodeException('Node n0 is excluded')", True, 1, USER_SCRIPT,
@@ -453,7 +460,8 @@ USER_SCRIPT = ["python", "-c", "import time; time.sleep(0.5)"]
      exit_codes.GANG_STOPPED),
 ], ids=["no-rank", "rank-failed", "store-lost-0.4", "store-lost-0.6", "rdzv-timeout-0.6", "rdzv-timeout-0.4",
         "rdzv-closed-0.6", "rdzv-timeout-in-a-rank", "store-lost-in-a-rank",
-        "store-lost-other-pid", "no-progress", "exit-93", "unhealthy-exit-0", "unhealthy-exit-1",
+        "store-lost-other-pid", "no-progress", "exit-93", "peer-gave-up-0.7", "peer-gave-up-0.7-standby",
+        "unhealthy-exit-0", "unhealthy-exit-1",
         "user-script-finished", "exit-0-no-marker", "exit-0-trainer-no-marker"])
 def test_the_launchers_outcome_is_classified_on_the_launcher_side(tmp_path, monkeypatch, lines, runs_ranks,
                                                                    exit_code, command, code):

@@ -23,7 +23,9 @@ never from a rank's output:
 - 73 NODE_UNHEALTHY: NVRx found this node unhealthy (health check, or a rank's ExcludeThisNode) and
   its launcher left (0.4.1 and 0.6 then exit 0, 0.7 exits 1);
 - 74 GANG_STOPPED: ft_launcher exited 0 without training having finished: it left because the
-  gang stopped (the rendezvous was closed, or this node was a standby when the others stopped);
+  gang stopped (the rendezvous was closed, or this node was a standby when the others stopped); or, with
+  NVRx 0.7, exited 1 because another node's launcher spent its restarts and closed the rendezvous while
+  this one waited for the next round;
 - 75 NO_PROGRESS: NVRx 0.6's progress tracker refused further restarts (no checkpoint progress in
   --ft-max-no-progress-cycles restarts);
 - 76 RENDEZVOUS_HOST_UNRESOLVED: the rendezvous host's name (the coordinator's, or node 0's) did not
@@ -64,6 +66,7 @@ from .crashloop import CrashLoop
 from .launch import (
     GROUP_FINISHED_LINE,
     NO_PROGRESS_LINE,
+    PEER_GAVE_UP_LINE,
     RENDEZVOUS_CLOSED_LINE,
     RENDEZVOUS_DONE_LINES,
     RENDEZVOUS_TIMEOUT_LINE,
@@ -197,6 +200,7 @@ class LauncherWatch:
         self.rendezvous_timed_out = False
         self.rendezvous_closed = False
         self.unhealthy = False
+        self.peer_gave_up = False  # NVRx 0.7: another launcher closed the rendezvous for its failure
         self.group_finished = False
         self._pid = proc.pid
         self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
@@ -223,6 +227,7 @@ class LauncherWatch:
             self.rendezvous_timed_out = self.rendezvous_timed_out or RENDEZVOUS_TIMEOUT_LINE in message
             self.rendezvous_closed = self.rendezvous_closed or RENDEZVOUS_CLOSED_LINE in message
             self.unhealthy = self.unhealthy or UNHEALTHY_LINE in message
+            self.peer_gave_up = self.peer_gave_up or PEER_GAVE_UP_LINE in message
             self.group_finished = self.group_finished or GROUP_FINISHED_LINE in message
 
     def join(self, timeout: float = 10) -> None:
@@ -401,6 +406,10 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
         return finish(exit_codes.LAUNCHER_DECLINED, f"ft_launcher exited {code}: NVRx concluded the job must not "
                       "be restarted (no checkpoint progress across restarts, or its failure attribution said "
                       "stop)", cfg.checkpoint_dir)
+    if watch.peer_gave_up:
+        return finish(exit_codes.GANG_STOPPED, f"ft_launcher exited {code}: another node's launcher spent its "
+                      "restarts and closed the rendezvous; this node's launcher was waiting for the next round "
+                      "(NVRx 0.7): the gang stopped", cfg.checkpoint_dir)
     if watch.no_progress:
         return finish(exit_codes.NO_PROGRESS, f"ft_launcher exited {code}: it stopped restarting, no checkpoint "
                       f"progress in {cfg.max_no_progress_cycles} consecutive restart cycles", cfg.checkpoint_dir)

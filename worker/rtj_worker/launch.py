@@ -34,6 +34,11 @@ RENDEZVOUS_TIMEOUT_LINE = "Agent .run() raised exception, e=RendezvousTimeoutErr
 # The rendezvous closed for good (NVRx 0.6's barrier: "Rendezvous cannot complete: N unhealthy nodes
 # detected ... Permanently closing rendezvous"), as the launcher logs the agent's exception.
 RENDEZVOUS_CLOSED_LINE = "Agent .run() raised exception, e=RendezvousClosedError("
+# NVRx 0.7: another node's launcher spent its restarts and closed the rendezvous for a failure; a node that
+# waited for the next round (a standby, or a survivor waiting for the failed node's restart) logs this and
+# exits 1, where 0.6 exited 0 ("Rendezvous gracefully exited"): the gang stopped, the other node's pod is
+# charged (launcher.py, FaultToleranceAgent.run's RendezvousGracefulExitError handler).
+PEER_GAVE_UP_LINE = "Rendezvous closed because another launcher reported a terminal worker-group failure"
 # A failed GPU/NIC health check or a rank's ExcludeThisNode request. NVRx logs "Agent .run() raised
 # UnhealthyNodeException" and exits 0 when it catches it, but the rendezvous raises the class of
 # the module nvidia_resiliency_ext.fault_tolerance.launcher while `-m` runs that file as __main__: the
