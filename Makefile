@@ -17,7 +17,7 @@ WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &
 
 .PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds images-efa \
 	chart-readme docs-tables bench bench-operator bench-worker images clean nvrx06 test-worker \
-	bench-checkpoint gpu-bundle gpu-check bench-reports worker-wheel
+	bench-checkpoint gpu-bundle gpu-check bench-reports worker-wheel worker-nvrx07
 
 demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
 	$(WITH_KUBE) $(WITH_NVRX06) PYTHONPATH=hack $(PY) -m rtj_dev.demo
@@ -117,6 +117,31 @@ worker-wheel: setup ## The rtj-worker wheel (entrypoint and progress library, no
 	rm -rf build/worker-src && mkdir -p build && cp -r worker build/worker-src
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist build/worker-src && rm -rf build/worker-src
 	@ls dist/rtj_worker-*.whl
+
+# NVRx 0.7.0, the newest release, ships only cp312 wheels (manylinux_2_39), so its tier runs in a Python 3.12
+# venv of its own (torch from PyPI: about 5 GB) with NVRx beside it as .nvrx06 is; opt-in, not in `make test`
+# (docs/development.md, "NVRx 0.7"). PYTHON312: a Python 3.12 interpreter (this machine's pyenv has one).
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) $(shell command -v python3.12))
+VENV312 ?= .venv312
+NVRX07_DIR ?= .nvrx07
+NVRX07_DEPS := defusedxml==0.7.1 fastapi==0.165.0 grpcio==1.85.4 grpcio-tools==1.85.4 httpx==0.29.0 \
+	nvidia-ml-py==13.615.71 packaging==26.4 protobuf==7.36.2 psutil==7.2.2 pydantic==2.14.4 pydantic-settings==2.16.3 \
+	slowapi==0.1.10 uvicorn==0.55.0 pyyaml==6.0.3
+
+$(VENV312)/.installed: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "worker-nvrx07 needs Python 3.12 (NVRx 0.7.0 ships cp312 wheels only): set PYTHON312"; exit 1; }
+	$(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install -q --upgrade pip
+	$(VENV312)/bin/python -m pip install -q torch==2.13.0 numpy==2.3.5 pytest==9.2.0 pytest-timeout==2.4.0 \
+		pytest-xdist==3.8.0 hypothesis==6.170.17 $(NVRX07_DEPS)
+	rm -rf $(NVRX07_DIR)
+	$(VENV312)/bin/python -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_x86_64 \
+		--python-version 3.12 --target $(NVRX07_DIR) nvidia-resiliency-ext==0.7.0
+	touch $@
+
+worker-nvrx07: $(VENV312)/.installed ## The worker's `nvrx041` subset against NVRx 0.7.0 (Python 3.12; opt-in)
+	PYTHONPATH=$(NVRX07_DIR):operator:worker $(TIER) worker-nvrx07 -- $(VENV312)/bin/python -m pytest \
+		--durations=15 --durations-min=2 -m nvrx041 $(WORKER_TESTS)
 
 test-worker: setup ## All the worker's tests against the venv's NVRx (0.4.1; make test runs the nvrx041 subset)
 	PYTHONPATH=operator:worker $(PY) -m pytest $(WORKER_TESTS)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nvidia_resiliency_ext
+
 from testkit import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +59,9 @@ def _iteration_after_a_failed_init(tmp_path: Path, fixed: bool) -> list[dict]:
     script = tmp_path / "groups.py"
     script.write_text(SCRIPT)
     port = free_port()
-    env = {"PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}", "PATH": "/usr/bin:/bin"}
+    # The NVRx under test (the tier's: .nvrx06 or .nvrx07 first on this process's path), not the venv's.
+    nvrx = Path(next(iter(nvidia_resiliency_ext.__path__))).parent  # 0.4.1 is a namespace package
+    env = {"PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}:{nvrx}", "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), "fixed" if fixed else "plain"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for rank in (0, 1)]

@@ -22,7 +22,7 @@ from rtj_dev import slowfs
 from rtj_worker import ckpt_index, entrypoint, exit_codes, local
 from rtj_worker.crashloop import GROUP_FAILED
 from rtj_worker.entrypoint import ConfigError, LaunchConfig, launcher_argv, run
-from rtj_worker.launch import LAUNCHER_MAIN, NO_PROGRESS_LINE, training_command
+from rtj_worker.launch import LAUNCHER_MAIN, NO_PROGRESS_LINE, PEER_GAVE_UP_LINE, nvrx_version, training_command
 from rtj_worker.report import SELF_RESTART
 from testkit import free_port, wait_until
 
@@ -692,15 +692,22 @@ def test_a_standby_exits_0_only_when_the_job_finished(tmp_path, training):
     node0, standby = _two_nodes(tmp_path, "1:1", TRAINER if training == "finishes" else failing, TRAINER,
                                 RTJ_FT_MAX_RESTARTS="0")
     first, second = node0.wait(240), standby.wait(240)
-    assert "Rendezvous gracefully exited" in second.log  # it was a standby, and ft_launcher exited 0
-    assert "Agent exits with exit code = 0" in second.log
+    # NVRx 0.7: a standby whose gang ended for a failure exits 1, having logged that another launcher closed
+    # the rendezvous for it; 0.4.1 and 0.6 exit 0 either way.
+    peer_failed_07 = training == "fails" and nvrx_version() >= (0, 7)
+    if peer_failed_07:
+        assert PEER_GAVE_UP_LINE in second.log and "Agent's exit code = 1" in second.log, second.log[-3000:]
+    else:
+        assert "Rendezvous gracefully exited" in second.log  # it was a standby, and ft_launcher exited 0
+        assert "Agent exits with exit code = 0" in second.log
     if training == "finishes":
         assert (first.code, second.code) == (0, 0), second.log[-3000:]
         assert second.report["reason"] == "training finished"
     else:
         assert first.code == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
         assert second.code == exit_codes.GANG_STOPPED, second.log[-3000:]
-        assert "training has not finished" in second.report["reason"]
+        assert ("another node's launcher spent its restarts" if peer_failed_07 else "training has not finished") \
+            in second.report["reason"]
 
 
 @pytest.mark.nvrx041
@@ -735,8 +742,6 @@ def test_a_node_excluded_by_nvrx_exits_node_unhealthy(tmp_path):
 
 
 def test_no_checkpoint_progress_is_not_a_permanent_failure(tmp_path):
-    from rtj_worker.launch import nvrx_version
-
     if nvrx_version() < (0, 6):
         pytest.skip("NVRx 0.4.1 has no progress tracker")
     (tmp_path / "ckpt").mkdir()
@@ -745,8 +750,12 @@ def test_no_checkpoint_progress_is_not_a_permanent_failure(tmp_path):
     env = {**local.local_env(tmp_path, ranks=1), "RTJ_FT_MAX_RESTARTS": "5", "RTJ_FT_MAX_NO_PROGRESS_CYCLES": "2",
            "RTJ_CRASH_LOOP_REPEATS": "10"}
     code = run(["python", "-c", "import time; time.sleep(1); raise SystemExit(3)"], env)
+    reason = json.loads((tmp_path / "termination-log").read_text())["reason"]
+    if nvrx_version() >= (0, 7):  # 0.7 says "do not restart" itself (exit 93): the job fails, as NVRx decided
+        assert code == exit_codes.LAUNCHER_DECLINED and "must not be restarted" in reason, reason
+        return
     assert code == exit_codes.NO_PROGRESS and code not in exit_codes.PERMANENT
-    assert "no checkpoint progress" in json.loads((tmp_path / "termination-log").read_text())["reason"]
+    assert "no checkpoint progress" in reason
 
 
 SLOW_WRITES = """
@@ -838,7 +847,7 @@ def test_a_final_save_three_times_longer_than_the_hard_timeout_commits(tmp_path)
 def _coordinator(tmp_path: Path, nnodes: str, port: int) -> subprocess.Popen[bytes]:
     """`python -m rtj_worker.coordinator` as its pod runs it: the rendezvous and the ranks' stores."""
     env = {**os.environ, "RTJ_RDZV_PORT": str(port), "RTJ_NNODES": nnodes, "RTJ_RDZV_ID": tmp_path.name,
-           "RTJ_RDZV_TIMEOUT": "60"}
+           "RTJ_RDZV_TIMEOUT": "60", **local.ONE_HOST}
     with open(tmp_path / "coordinator.log", "w") as log:
         return subprocess.Popen([sys.executable, "-m", "rtj_worker.coordinator"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)

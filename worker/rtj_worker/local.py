@@ -45,6 +45,12 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+# Several launchers (and nvrx-control) on one machine, one hostname: NVRx 0.7's barrier otherwise closes the
+# rendezvous at its first round ("multiple participants on the same node", ft_rendezvous_barrier.py); 0.6 reads
+# it only under Slurm. A pod has a hostname of its own and never sets it.
+ONE_HOST = {"NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"}
+
+
 def local_env(workdir: Path, ranks: int = 2, heartbeat: float = 15, **extra: str) -> dict[str, str]:
     """The environment builders/job.py gives a pod, for a single node on this machine."""
     env = {
@@ -57,6 +63,7 @@ def local_env(workdir: Path, ranks: int = 2, heartbeat: float = 15, **extra: str
         "RTJ_INPROCESS_SOFT_TIMEOUT": "30", "RTJ_INPROCESS_HARD_TIMEOUT": "45",
         "RTJ_EVENT_LOG": str(workdir / "events.jsonl"), "RTJ_TERMINATION_LOG": str(workdir / "termination-log"),
         "TORCH_CPP_LOG_LEVEL": "ERROR",
+        **ONE_HOST,
     }
     env.update(extra)
     return env
