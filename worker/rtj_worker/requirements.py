@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from .launch import NVRX
+
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 EFA_DEVICES = Path("/dev/infiniband")
 # aws-ofi-nccl's net plugin (NCCL dlopens libnccl-net-<NCCL_NET_PLUGIN>.so, or libnccl-net.so), and the
@@ -44,7 +46,7 @@ Version = tuple[int, ...]
 # (fault_tolerance/launcher.py of 0.4.1 and 0.6.0), and why.
 IMAGE_PACKAGES = (
     ("torch", (2, 0), "the ranks' process groups, and ft_launcher's elastic agent"),
-    ("nvidia-resiliency-ext", (0, 4, 1), "ft_launcher, which rtj-worker starts"),
+    (NVRX, (0, 4, 1), "ft_launcher, which rtj-worker starts"),
 )
 SUPPORTED_PYTHON = (3, 10)
 

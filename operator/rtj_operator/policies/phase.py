@@ -25,7 +25,7 @@ from ..conditions import (
 from ..draft import Draft
 from . import grace, interval
 from .kueue import queued
-from .pods import is_current, job_nodes, running_ready
+from .pods import is_current, job_nodes, ready_since, running_ready
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -163,12 +163,6 @@ def ranks_started(d: Draft, ready: list[dict[str, Any]]) -> bool:
     if not found:
         d.wait(max(0.5, REPORT_GRACE_SECONDS - ready_for))
     return False
-
-
-def ready_since(pod: dict[str, Any]) -> datetime.datetime:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conds if c.get("type") == "Ready"), None) or {}
-    return parse_time(ready.get("lastTransitionTime")) or datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def publish_progress(d: Draft, found: list[progress.Report], folded: progress.Folded) -> None:

@@ -3,6 +3,7 @@ train, which hold a node or wait at the operator's scheduling gate. Pure: no Dra
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from .. import api, conditions
@@ -36,10 +37,20 @@ def job_nodes(job: dict[str, Any] | None, rtj: RTJ) -> int:
         return int(job.get("spec", {}).get("completions", rtj.nodes))
 
 
+def _ready_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c.get("type") == "Ready"), None)
+
+
 def _ready(pod: dict[str, Any]) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    ready = next((c for c in conds if c.get("type") == "Ready"), None)
+    ready = _ready_condition(pod)
     return ready is None or ready.get("status") == "True"
+
+
+def ready_since(pod: dict[str, Any]) -> datetime.datetime:
+    """When the pod's Ready condition last changed (the earliest time, where it says nothing)."""
+    ready = _ready_condition(pod) or {}
+    return conditions.parse_time(ready.get("lastTransitionTime")) or datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def running_ready(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
