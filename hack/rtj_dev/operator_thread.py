@@ -22,12 +22,13 @@ from rtj_operator.runtime import Runtime
 class OperatorThread:
     def __init__(self, server: str, token: str, ca_file: str, namespaces: list[str] | None = None,
                  storage_check: Any = None, max_requeue: float = 1.0,
-                 allowed_service_accounts: frozenset[str] | None = None,
+                 allowed_service_accounts: frozenset[str] | None = None, capacity_probe_priority_class: str = "",
                  on_call: Callable[[str, str], None] | None = None, **runtime: Any):
         self.server, self.namespaces = server, namespaces or []
         self.runtime = Runtime(Kube(configure(server, token=token, ca_file=ca_file), on_call=on_call),
                                namespaces=self.namespaces,
-                               config=Config(allowed_service_accounts=allowed_service_accounts),
+                               config=Config(allowed_service_accounts=allowed_service_accounts,
+                                             capacity_probe_priority_class=capacity_probe_priority_class),
                                storage_check=storage_check, max_requeue=max_requeue, **runtime)
 
         def login(**_: Any) -> kopf.ConnectionInfo:

@@ -53,6 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"{', '.join(health.WORKLOAD_REASONS)} (the EKS node monitoring agent's).")
     parser.add_argument("--no-default-node-health", action="store_true",
                         help="Only the --unhealthy-node-condition/-label given count (none: node health is not read).")
+    parser.add_argument("--capacity-probe-priority-class", default="", metavar="NAME",
+                        help="PriorityClass of the capacity probes a gang suspended for capacity keeps pending "
+                             "(see docs/recovery.md); the chart makes one of value -1 that preempts nobody. "
+                             "Default: none (the namespace's default priority).")
     parser.add_argument("--leader-elect", action="store_true",
                         help="Run passes only while holding a coordination.k8s.io Lease (for more than one replica).")
     parser.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", ""),
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     def runtime() -> Runtime:
         return Runtime(kube.Kube(client, on_call=_count_call), namespaces=args.namespace,
                        config=Config(allowed_service_accounts=allowed_service_accounts_from_env(os.environ),
-                                     node_health=node_health),
+                                     node_health=node_health,
+                                     capacity_probe_priority_class=args.capacity_probe_priority_class),
                        storage_check=storage_check, cloud_fencing=cloud_fencing, elector=elector)
 
     login = None

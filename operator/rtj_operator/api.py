@@ -727,15 +727,22 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
                                                       "status.jobRestarts and status.disruptions still count every "
                                                       "charge. maxRestartsWithoutProgress counts restarts in a row "
                                                       "and is never windowed. 0: the job's life."),
-                "nodeLossGraceSeconds": _int(30, 0, 3600, "How long a node must stay NotReady or "
-                                                          "unreachable (since its Ready condition changed) before "
-                                                          "its pod is evicted (and charged as a disruption): a short "
-                                                          "blip must not kill a healthy rank."),
+                "nodeLossGraceSeconds": _int(300, 0, 3600, "How long a node must stay NotReady or "
+                                                           "unreachable (since its Ready condition changed) before "
+                                                           "its pod is evicted (and charged as a disruption): a "
+                                                           "kubelet or network blip must not kill a healthy rank, "
+                                                           "and a replacement waits for fencing anyway. 300: "
+                                                           "upstream's taint eviction. A fenced node's pod (Node "
+                                                           "deleted, out-of-service, instance stopped) is failed at "
+                                                           "once."),
                 "capacitySuspendSeconds": _int(600, 1, 86400, "How long the gang may lack a node (WaitingForCapacity: "
                                                               "from the first pod the scheduler found no node for "
                                                               "until every index has one) before it is suspended, so "
                                                               "that the nodes it holds are released; it resumes by "
-                                                              "itself once enough fitting nodes show up."),
+                                                              "itself once the scheduler placed a capacity probe "
+                                                              "(a sleeping pod shaped like the gang's) for each of "
+                                                              "its nodes. With a queue (Kueue) the gang is not "
+                                                              "suspended for capacity: it waits, said so."),
                 "capacityTimeoutSeconds": _int(86400, 0, 31536000, "How long the job may wait for capacity in all "
                                                                    "before it ends Failed (InsufficientCapacity, the "
                                                                    "platform's reason); 0: for ever."),
@@ -980,9 +987,6 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                 "nodeFailures": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 64,
                                  "description": "Failures charged to the job in a row on one node (a failure "
                                                 "on another node ends the count): two exclude the node."},
-                "capacityFit": _str("The nodes that fitted the job when it was suspended for capacity, as "
-                                    "'<count>:<sha256 of their sorted uids>': it resumes once the fitting nodes "
-                                    "are enough and not these.", maxLength=128),
                 "reports": {"type": "object", "maxProperties": 4096, "description": "Per pod (uid) of the current "
                             "Job: what its report said that is already counted (in-pod restarts and their causes, "
                             "in-loop seconds); pods with nothing to count are left out.",

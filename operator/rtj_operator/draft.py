@@ -59,6 +59,9 @@ class Config:
     allowed_service_accounts: frozenset[str] | None = None
     # Which node conditions and labels mean a Ready node cannot train (--unhealthy-node-condition/-label).
     node_health: health.NodeHealth = health.DEFAULT
+    # The PriorityClass of capacity probes (--capacity-probe-priority-class; builders/probe.py): "" leaves
+    # them the namespace's default priority.
+    capacity_probe_priority_class: str = ""
 
 
 class Draft:
@@ -78,7 +81,7 @@ class Draft:
         self.act = False  # a decision was recorded that the next pass carries out
         budget = self.rtj.spec["restartBudget"]
         self.timing = ladder.Timing(
-            node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 30)),
+            node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 300)),
             terminating_timeout=datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
 
     def event(self, type_: str, reason: str, message: str) -> None:

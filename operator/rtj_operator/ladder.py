@@ -8,8 +8,8 @@ The operator acts only when a pod or its node is gone:
 
 - ReplacePod: one index is lost (the pod failed, was evicted, or its node died); the Job controller
   makes the new pod. A pod on a node lost past restartBudget.nodeLossGraceSeconds is evicted
-  (DisruptionTarget: the Job's pod failure policy ignores it); one then stuck Terminating there
-  past terminatingTimeoutSeconds is failed and deleted as PodGC does.
+  (DisruptionTarget: the Job's pod failure policy ignores it); one on a fenced node is failed and
+  deleted at once, as PodGC does (fencing()).
 - GangRestart: the rendezvous cannot complete, the Job itself failed (or is about to), or the Job
   controller's replacement back-off would outlast the rendezvous: the Job is recreated as the next
   attempt.
@@ -291,7 +291,7 @@ class Finding:
 class Timing:
     """How long the operator waits before it acts on a lost node (see restartBudget)."""
 
-    node_grace: datetime.timedelta = datetime.timedelta(seconds=30)
+    node_grace: datetime.timedelta = datetime.timedelta(seconds=300)
     terminating_timeout: datetime.timedelta = datetime.timedelta(seconds=60)
 
 
@@ -306,6 +306,9 @@ class Plan:
     # Pods terminating on a lost node with no evidence it runs nothing any more: node -> (pod, why the
     # node is lost, seconds past the grace period). Replaced only once fenced.
     unfenced: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # Pods on a lost node that is not fenced, within nodeLossGraceSeconds: node -> (pod, why the node is
+    # lost, seconds it has been).
+    in_grace: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     # Pods terminating past the timeout on a node that is not lost: pod -> (node, seconds).
     stuck: dict[str, tuple[str, float]] = field(default_factory=dict)
     # Set when many nodes went dark at once: nothing is evicted or charged for them (why).
@@ -532,12 +535,20 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
         return found(JOB_FAILURE, f"ExitCode{code}" if code is not None else "PodFailed", message)
 
     if phase in ("Pending", "Running") and lost:
-        # A short blip (NotReady for less than the grace period) must not kill a healthy rank.
+        if node_name and fenced and lost != "NodeDeleted":
+            # Nothing runs there any more, so there is no blip to wait out and no rank to spare: failed and
+            # deleted now, as PodGC does (a deleted Node's pod goes through the eviction below at once).
+            return found(PLATFORM_FAULT, lost, f"node {node_name} of pod {name} is lost ({lost} for "
+                         f"{_seconds(lost_for)}) and runs nothing any more ({fenced})", FORCE, node_name)
+        # Not fenced: its ranks may still run (a kubelet restart, a network blip), and a replacement would
+        # wait for fencing anyway. Upstream's taint eviction waits 300 s (tolerationSeconds); so does the
+        # default grace.
         if lost_for >= timing.node_grace:
             return found(PLATFORM_FAULT, lost, f"node {node_name} of pod {name} is lost ({lost} for "
                          f"{_seconds(lost_for)})", EVICT, node_name)
         if plan is not None:
             plan.wait((timing.node_grace - lost_for).total_seconds())
+            plan.in_grace[node_name] = (name, lost, lost_for.total_seconds())
         return None
 
     if phase in ("Pending", "Running") and sick and node_name:

@@ -31,6 +31,7 @@ from .draft import IDLE_SECONDS, Config, Draft, Event, Intent, Requeue
 from .policies.charging import act_on, charge, fail, judge_job
 from .policies.children import (
     child_conflict,
+    ensure_capacity_probes,
     ensure_coordinator,
     ensure_job,
     ensure_network_policy,
@@ -85,6 +86,7 @@ def reconcile(world: World, now: datetime.datetime | None = None, config: Config
     if template_rejected(d):
         return without_changes(d)
     ensure_coordinator(d)
+    ensure_capacity_probes(d)  # before the Job: a resumed gang's pods need the nodes the probes hold
     ensure_job(d)
     ensure_queue(d)
     observe(d, converge=True)
@@ -122,6 +124,7 @@ def terminal(d: Draft) -> Intent:
         elif not job["spec"].get("suspend"):
             d.actions.append(Action(PATCH, "Job", job_name(d.rtj), d.rtj.namespace, {"spec": {"suspend": True}}))
     stop_coordinator(d)
+    ensure_capacity_probes(d)  # none: a job that ended holds no node
     return d.intent()
 
 

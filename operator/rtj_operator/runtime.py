@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import api, capacity, conditions, ladder, metrics
+from . import api, conditions, ladder, metrics
 from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
@@ -364,9 +364,6 @@ class Runtime:
             for key in self.stores.jobs_on(name):
                 self.queue.add(key, urgent=True)
 
-    def _fitting(self, pod_spec: dict[str, Any]) -> dict[str, str]:
-        return capacity.fitting_nodes(self.stores.nodes.all(), pod_spec, datetime.datetime.now(datetime.UTC))
-
     def _zone_health(self, zone: str) -> tuple[int, int]:
         """(nodes, NotReady or unreachable nodes) of a zone, from the node store."""
         nodes = [n for n in self.stores.nodes.all() if (n["metadata"].get("labels") or {}).get(ZONE_LABEL) == zone]
@@ -408,7 +405,7 @@ class Runtime:
             return Outcome(DELETING)
         try:
             world = World.from_stores(self.stores, body, self._node).probe(
-                self.writer, self.storage_check, self.cloud_fencing, self._zone_health, self._fitting)
+                self.writer, self.storage_check, self.cloud_fencing, self._zone_health)
             intent, written = carry_out(self.writer, world, self.config)
         except NotLeader as exc:
             return Outcome(NOT_LEADER, error=exc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,11 +41,9 @@ class Ledger:
     gang_restart_time: str = ""
     # What the Job controller delays the next replacement pod by, as last reported in an event.
     replacement_backoff_seconds: float | None = None
-    # The gang is suspended because a pod of it stayed unschedulable (since when), and the nodes that
-    # fitted it then (node_set: their count and a hash, bounded whatever the fleet's size): it resumes once
-    # enough fitting nodes show up and they are not those.
+    # The gang is suspended because a pod of it stayed unschedulable (since when): it resumes once the
+    # scheduler placed every capacity probe (builders/probe.py).
     suspended_for_capacity: str = ""
-    capacity_fit: str = ""
     # The operator suspended the Job (for spec.suspend or for capacity): only then does it un-suspend it;
     # a Job suspended by anyone else (a queue) is left suspended.
     suspended_job: bool = False
@@ -85,7 +82,6 @@ class Ledger:
             gang_restart_time=data.get("gangRestartTime") or "",
             replacement_backoff_seconds=data.get("replacementBackoffSeconds"),
             suspended_for_capacity=data.get("suspendedForCapacity") or "",
-            capacity_fit=data.get("capacityFit") or "",
             suspended_job=bool(data.get("suspendedJob")),
             evictions_refused=list(data.get("evictionsRefused") or []),
             node_failures={str(k): int(v) for k, v in (data.get("nodeFailures") or {}).items()},
@@ -114,7 +110,6 @@ class Ledger:
             out["replacementBackoffSeconds"] = self.replacement_backoff_seconds
         if self.suspended_for_capacity:
             out["suspendedForCapacity"] = self.suspended_for_capacity
-            out["capacityFit"] = self.capacity_fit
         if self.evictions_refused:
             out["evictionsRefused"] = list(self.evictions_refused)
         if self.suspended_job:
@@ -203,13 +198,6 @@ class Status:
                 continue
             out[_camel(f.name)] = copy.deepcopy(value)
         return out
-
-
-def node_set(uids: Any) -> str:
-    """A set of nodes (uids) in a bounded string: '<count>:<sha256 of the sorted uids>'. Equal sets give equal
-    strings; a status that listed every fitting node was refused past the CRD's 1024 items."""
-    ids = sorted(set(uids))
-    return f"{len(ids)}:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from .actions import rejected
 from .builders import build_job, build_pvc, coordinator_name, job_name, network_policy_name, pvc_name, service_name
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
-from .conditions import is_true
+from .builders.probe import COMPONENT as PROBE_COMPONENT
 from .copies import clone
 from .kube import Kube, KubeError
 from .policies import grace, interval
@@ -58,8 +58,8 @@ class World:
     # and (nodes, lost nodes) of their zones, for the mass-loss brake.
     cloud_fencing: dict[str, str] = field(default_factory=dict)
     zones: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # The nodes a pod of the job would fit on (capacity.py: name -> uid), asked while it waits for capacity.
-    fitting_nodes: dict[str, str] | None = None
+    # The gang's capacity probes (builders/probe.py: pods the RTJ owns), while it is suspended for capacity.
+    capacity_probes: list[dict[str, Any]] = field(default_factory=list)
     # Kueue's Workload for the Job (queued jobs, read while it matters: see probe), or why it could not be.
     workload: dict[str, Any] | None = None
     workload_error: str = ""
@@ -88,6 +88,8 @@ class World:
         rtj = rtj or RTJ.from_body(rtj_body)
         job_uid = (job or {}).get("metadata", {}).get("uid")
         mine = [p for p in pods if job_uid and owned_by(p, job_uid)]
+        probes = [p for p in pods if owned_by(p, rtj.uid) and (p["metadata"].get("labels") or {}).get(
+            api.LABEL_COMPONENT) == PROBE_COMPONENT]
         if coordinator is not None and not owned_by(coordinator, rtj.uid):
             coordinator = None  # labelled like ours, made by someone else: not ours to count (a create reports it)
         names = sorted({p.get("spec", {}).get("nodeName") for p in [*mine, *([coordinator] if coordinator else [])]}
@@ -98,6 +100,7 @@ class World:
             network_policy = None  # labelled like ours, made by someone else: never patched or deleted
         return cls(clone(rtj_body), clone(service), clone(job), clone(pvc), network_policy=clone(network_policy),
                    pods=clone(mine), nodes={n: clone(node(n)) for n in names}, coordinator=clone(coordinator),
+                   capacity_probes=clone(probes),
                    departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
 
     @classmethod
@@ -113,8 +116,7 @@ class World:
 
     def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
               cloud_fencing: CloudFencing | None = None,
-              zone_health: Callable[[str], tuple[int, int]] | None = None,
-              fitting: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> World:
+              zone_health: Callable[[str], tuple[int, int]] | None = None) -> World:
         """Ask what the pass needs to know from outside: the storage check before the Job exists;
         whether the server takes a Job whose pod template changed (a rejected edit must not take the
         running gang down); for lost nodes, a cloud check of fencing and the health of their zones.
@@ -129,11 +131,6 @@ class World:
                 zone = (node["metadata"].get("labels") or {}).get(ZONE_LABEL)
                 if zone and zone not in self.zones:
                     self.zones[zone] = zone_health(zone)
-        status = self.rtj.get("status") or {}
-        waiting = bool((status.get("recovery") or {}).get("suspendedForCapacity")) or any(
-            ladder.unschedulable(p) for p in self.pods) or is_true(status.get("conditions") or [], "WaitingForCapacity")
-        if fitting is not None and waiting:
-            self.fitting_nodes = fitting(build_job(rtj)["spec"]["template"]["spec"])
         self.workload, self.workload_error, self.workload_read = read_workload(kube, self, rtj)
         self.coordinator_published = read_published(kube, self, rtj)
         if storage_check is not None and self.job is None and not self.rtj["metadata"].get("deletionTimestamp"):

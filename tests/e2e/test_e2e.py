@@ -753,10 +753,15 @@ def test_no_third_node_waits_for_capacity_and_resumes_when_one_comes(run: Run, a
                        what="the gang suspended")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{run.diagnosis()}") from None
-        wait_until(lambda: not run.agents.running(run.ns), timeout=90, what="the healthy node released")
+        # The gang's processes are gone; a capacity probe (a sleeping pod shaped like the gang's) runs on the
+        # released node and another waits for a node: the gang resumes once both are placed.
+        wait_until(lambda: [n for n in run.agents.running(run.ns) if "-capacity-" in n]
+                   and not [n for n in run.agents.running(run.ns) if "-capacity-" not in n], timeout=90,
+                   what="the healthy node released to a capacity probe")
         status = run.job.status()
         assert status.get("jobRestarts", 0) == 0 and status.get("restartsWithoutProgress", 0) == 0, \
             run.diagnosis()
+        assert "placed 1 of 2 capacity probes" in run.job.condition("WaitingForCapacity")["message"], run.diagnosis()
         # The rendezvous gave up before the suspend and said so: the survivor's launcher (71, not 70) or
         # the coordinator's nvrx-control (77), whichever first; not charged, though it takes a new gang.
         assert any(e["reason"] == "NotCharged" and (

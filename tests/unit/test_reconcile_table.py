@@ -17,10 +17,12 @@ from rtj_operator import api, ladder
 from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
 from rtj_operator.builders import build_coordinator, build_job, build_network_policy, build_pvc, build_service
 from rtj_operator.builders.job import template_hash
+from rtj_operator.builders.probe import build_capacity_probes
 from rtj_operator.conditions import timestamp
+from rtj_operator.draft import Draft
+from rtj_operator.policies.placement import probe_affinity
 from rtj_operator.reconcile import reconcile, settle
-from rtj_operator.spec import RTJ, schema_errors
-from rtj_operator.status import node_set
+from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
 from testkit import rtj_body
 
@@ -245,7 +247,9 @@ def test_a_lost_node_is_charged_as_a_disruption_then_its_pod_evicted():
     w = W(restartBudget={"nodeLossGraceSeconds": 30})
     w.world.nodes["n1"] = node("n1", "Unknown", since=10)
     blip = w.run()
-    assert blip.status.disruptions == 0 and blip.requeue.seconds == 20  # within the grace: look again then
+    assert blip.status.disruptions == 0 and blip.requeue.deadline == 20  # within the grace: look again then
+    wait = condition(blip, "WaitingForFencing")  # said while it waits (issue 29.6)
+    assert wait["reason"] == "NodeLost" and "nodeLossGraceSeconds (30s)" in wait["message"], wait
     w.world.nodes["n1"] = node("n1", "Unknown", since=31)
     charged = w.run()
     assert charged.status.disruptions == 1 and charged.actions == [] and charged.requeue.act
@@ -253,6 +257,24 @@ def test_a_lost_node_is_charged_as_a_disruption_then_its_pod_evicted():
     acted = w.run()
     assert [(a.verb, a.name, a.uid) for a in acted.actions] == [(EVICT, "train-1-x1", "pod-1-1")]
     assert acted.status.disruptions == 1
+
+
+@pytest.mark.parametrize("taint, force", [(True, True), (False, False)])
+def test_a_fenced_nodes_pod_is_failed_at_once_an_unfenced_ones_waits_out_the_grace(taint, force):
+    """Issue 29.6: a pod on a node tainted out-of-service (NotReady: fenced, as PodGC reads it) waited the
+    grace period like a blip; nothing runs there, so it is failed and deleted at once. Unfenced, it waits."""
+    w = W(restartBudget={"nodeLossGraceSeconds": 300})
+    lost = node("n1", "Unknown", since=10)
+    if taint:
+        lost["spec"]["taints"] = [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]
+    w.world.nodes["n1"] = lost
+    charged = w.run()
+    assert charged.status.disruptions == int(force)
+    w.body["status"] = charged.status.to_dict()
+    acted = w.run()
+    assert [(a.verb, a.name) for a in acted.actions] == ([(FAIL_POD, "train-1-x1")] if force else [])
+    if not force:
+        assert condition(acted, "WaitingForFencing")["reason"] == "NodeLost"
 
 
 def test_nodes_lost_in_one_event_are_one_disruption_and_a_later_loss_another():
@@ -516,58 +538,116 @@ def test_a_pod_that_finds_no_node_is_waiting_for_capacity_with_the_schedulers_me
     assert "Unschedulable" in reasons(intent) and intent.requeue.seconds <= 300 and intent.actions == []
 
 
+def probes(w: W, placed: dict[int, str] | None = None, **changes: Any) -> list[dict[str, Any]]:
+    """The gang's capacity probes as the operator builds them now, owned by the RTJ; `placed`: index ->
+    the node the scheduler bound it to (the others pending, with the scheduler's message)."""
+    d = Draft(w.world, NOW)
+    out = []
+    for i, p in enumerate(build_capacity_probes(d.rtj, probe_affinity(d), **changes)):
+        p = owned(p, w.body, f"probe-uid-{i}")
+        if placed and i in placed:
+            p["spec"]["nodeName"], p["status"] = placed[i], {"phase": "Running"}
+        else:
+            p["status"] = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+        out.append(p)
+    return out
+
+
+def suspended_for_capacity(w: W) -> W:
+    w = waiting_since(w, 400, "SuspendedForCapacity")
+    w.world.job["spec"]["suspend"] = True
+    w.world.pods, w.world.coordinator = [], None
+    w.status(recovery={"suspendedForCapacity": ts(100), "suspendedJob": True})
+    return w
+
+
 def test_after_capacity_suspend_seconds_the_gang_is_suspended_to_release_its_nodes():
     w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 301)
     w.world.pods[1] = unschedulable(1)
-    w.world.fitting_nodes = {"n0": "uid-n0"}
     decided = w.run()
     assert decided.status.recovery.suspended_for_capacity
-    assert decided.status.recovery.capacity_fit == node_set(["uid-n0"])
     assert decided.requeue.act and decided.actions == [] and "SuspendingForCapacity" in reasons(decided)
     assert condition(decided, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"  # with the decision
     w.body["status"] = decided.status.to_dict()
-    coordinator, patch = w.run().actions
+    coordinator, *made, patch = w.run().actions
     assert patch.body == {"spec": {"suspend": True}} and "WaitingForCapacity" in patch.event[2]
     assert (coordinator.verb, coordinator.kind) == (DELETE, "Pod")  # the gang's rendezvous goes with it
+    # One capacity probe per node, made before the Job is suspended: pending, they ask for room.
+    assert [(a.verb, a.name) for a in made] == [(CREATE, "train-capacity-0"), (CREATE, "train-capacity-1")]
+    assert all(a.event is None for a in made)  # no event per probe: SuspendingForCapacity says it
 
 
-def test_a_gang_suspended_for_capacity_resumes_once_enough_new_nodes_fit():
-    w = waiting_since(W(), 400, "SuspendedForCapacity")
-    w.world.job["spec"]["suspend"] = True
-    w.world.pods, w.world.coordinator = [], None
-    w.status(recovery={"suspendedForCapacity": ts(100), "capacityFit": node_set(["uid-n1", "uid-n0"])})
-    w.world.fitting_nodes = {"n0": "uid-n0", "n1": "uid-n1"}  # the same nodes: nothing changed for the better
-    still = w.run()
-    assert still.actions == [] and condition(still, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"
-    w.world.fitting_nodes = {"n0": "uid-n0", "n7": "uid-n7"}
-    resumed = w.run()
-    assert not resumed.status.recovery.suspended_for_capacity and resumed.requeue.act
-    w.body["status"] = resumed.status.to_dict()
-    (patch,) = w.run().actions
-    assert patch.body == {"spec": {"suspend": False}}
-    assert resumed.status.job_restarts == 0 and resumed.status.disruptions == 0
+def test_a_capacity_probe_is_shaped_like_a_pod_of_the_gang_and_holds_nothing_it_need_not():
+    w = W(placement={"nodeSelector": {"pool": "p5"}, "affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}})
+    w.status(excludedNodes=[{"node": "bad-1", "reason": "x", "until": (NOW + datetime.timedelta(hours=1)).isoformat()}])
+    probe = probes(w, priority_class="rtj-capacity-probe")[0]
+    gang = w.world.job["spec"]["template"]["spec"]
+    spec, (container,) = probe["spec"], probe["spec"]["containers"]
+    assert spec["nodeSelector"] == gang["nodeSelector"] and spec["tolerations"] == gang["tolerations"]
+    assert container["resources"] == gang["containers"][0]["resources"]  # GPUs, EFA, CPU, memory
+    assert container["image"] == gang["containers"][0]["image"]  # a new node pulls it before the gang resumes
+    assert [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]] == ["train-ckpt"]  # its zone
+    assert all(m["readOnly"] for m in container["volumeMounts"])
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["key"] == "zone"  # the user's term, with the exclusion added
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["bad-1"]}]
+    (anti,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "capacity-probe"  # one per node
+    assert spec["priorityClassName"] == "rtj-capacity-probe" and spec["terminationGracePeriodSeconds"] == 0
+    assert "schedulingGates" not in spec and probe["metadata"]["labels"]["app.kubernetes.io/component"] != "workers"
 
 
-@pytest.mark.parametrize("fleet", [2, 2000])
-def test_a_gang_suspended_for_capacity_on_a_large_fleet_records_a_bounded_status_and_resumes_on_a_new_set(fleet):
-    """status.recovery listed every fitting node, refused (422: maxItems 1024) on every pass past 1024: now
-    their count and a hash, the same size whatever the fleet's."""
-    fits = {f"n{i}": f"uid-n{i}" for i in range(fleet)}
-    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 301)
-    w.world.pods[1] = unschedulable(1)
-    w.world.fitting_nodes = dict(fits)
+@pytest.mark.parametrize("placed, resumes", [
+    ({}, False),
+    ({0: "n0"}, False),  # the released node only: still one short
+    ({0: "n0", 1: "n0"}, False),  # two on one node is not room for two pods
+    ({0: "n0", 1: "new"}, True),  # an autoscaler's node, or GPUs another job freed on a node of the fleet
+])
+def test_a_gang_suspended_for_capacity_resumes_once_every_capacity_probe_is_placed(placed, resumes):
+    w = suspended_for_capacity(W())
+    w.world.capacity_probes = probes(w, placed)
     decided = w.run()
-    written = decided.status.to_dict()["recovery"]
-    assert written["capacityFit"].startswith(f"{fleet}:") and len(written["capacityFit"]) < 128
-    assert schema_errors({**w.body, "status": decided.status.to_dict()}) == []  # the CRD takes it
-    w = waiting_since(W(), 400, "SuspendedForCapacity")
-    w.world.job["spec"]["suspend"] = True
-    w.world.pods, w.world.coordinator = [], None
-    w.status(recovery=written)
-    w.world.fitting_nodes = dict(reversed(fits.items()))  # the same nodes, listed in another order
-    assert w.run().status.recovery.suspended_for_capacity
-    w.world.fitting_nodes = {**fits, "new": "uid-new"}  # one more fits
-    assert not w.run().status.recovery.suspended_for_capacity
+    assert bool(decided.status.recovery.suspended_for_capacity) is not resumes
+    assert decided.status.job_restarts == 0 and decided.status.disruptions == 0
+    if not resumes:
+        assert decided.actions == []
+        message = condition(decided, "WaitingForCapacity")["message"]
+        assert f"placed {len(set(placed.values()))} of 2 capacity probes" in message
+        assert ("Insufficient nvidia.com/gpu" in message) is (len(placed) < 2)  # what it says of a pending one
+        return
+    assert decided.requeue.act and "ResumingForCapacity" in reasons(decided)
+    w.body["status"] = decided.status.to_dict()
+    *deleted, patch = w.run().actions
+    assert [(a.verb, a.name) for a in deleted] == [(DELETE, "train-capacity-0"), (DELETE, "train-capacity-1")]
+    assert patch.body == {"spec": {"suspend": False}}  # after the probes free their nodes
+
+
+def test_a_probe_that_ended_or_was_built_from_another_spec_is_made_again():
+    w = suspended_for_capacity(W())
+    w.world.capacity_probes = probes(w, {0: "n0", 1: "n1"})
+    w.world.capacity_probes[0]["status"] = {"phase": "Failed", "reason": "Evicted"}
+    w.world.capacity_probes[1]["metadata"]["annotations"]["training.rtj.dev/probe-hash"] = "old"
+    intent = w.run()
+    assert not any(r == "ResumingForCapacity" for r in reasons(intent))  # neither counts as placed
+    assert [(a.verb, a.name) for a in intent.actions] == [(DELETE, "train-capacity-0"), (DELETE, "train-capacity-1")]
+    w.world.capacity_probes = []
+    assert [(a.verb, a.name) for a in w.run().actions] == [(CREATE, "train-capacity-0"), (CREATE, "train-capacity-1")]
+
+
+def test_a_queued_gang_is_not_suspended_for_capacity():
+    """Kueue owns Job.spec.suspend: suspending for capacity released nothing (the Job stayed admitted) and
+    stopped the coordinator. The wait is said, and bounded by capacityTimeoutSeconds."""
+    w = waiting_since(W(queueName="team-a", restartBudget={"capacitySuspendSeconds": 300}), 301)
+    w.world.pods[1] = unschedulable(1)
+    intent = w.run()
+    assert not intent.status.recovery.suspended_for_capacity and "SuspendingForCapacity" not in reasons(intent)
+    cond = condition(intent, "WaitingForCapacity")
+    assert cond["status"] == "True" and "not suspended for capacity" in cond["message"]
+    assert not [a for a in intent.actions if a.kind == "Pod" and a.verb == CREATE]
 
 
 def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason():
@@ -832,7 +912,6 @@ def test_a_gang_whose_pods_take_turns_on_too_few_nodes_is_suspended_after_capaci
     lacks a node: the wait goes on and the gang is suspended when it is due."""
     w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 60}), 61)
     w.world.pods = [indexed(pod(0), 0), indexed(pod(1, "Failed", code=exit_codes.GANG_STOPPED), 1, failures=2)]
-    w.world.fitting_nodes = {"n0": "uid-n0"}
     decided = w.run()
     assert decided.status.recovery.suspended_for_capacity and "SuspendingForCapacity" in reasons(decided)
     assert (decided.status.job_restarts, decided.status.attempt) == (0, 1)

@@ -142,3 +142,14 @@ comment says why: docs/security.md's table shows them (hack/docs_tables.py).
   verbs: ["create"]
 {{- end }}
 {{- end }}
+
+{{/*
+The capacity probes' PriorityClass (values.capacityProbes): its name, empty when there is none.
+*/}}
+{{- define "rtj-operator.probePriorityClass" -}}
+{{- if .Values.capacityProbes.priorityClass.name -}}
+{{- .Values.capacityProbes.priorityClass.name -}}
+{{- else if .Values.capacityProbes.priorityClass.create -}}
+{{- printf "%s-capacity-probe" (include "rtj-operator.fullname" .) | trunc 253 -}}
+{{- end -}}
+{{- end }}

@@ -1,5 +1,5 @@
-"""The RTJ's children: the Service, the PVC, the NetworkPolicy, the Job (one per gang attempt) and the
-coordinator pod.
+"""The RTJ's children: the Service, the PVC, the NetworkPolicy, the Job (one per gang attempt), the
+coordinator pod and, while the gang is suspended for capacity, its capacity probes.
 Created, patched and deleted to converge on what status says (status.attempt: the gang that runs now)."""
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from ..builders import (
     service_name,
 )
 from ..builders.job import PER_INDEX_LIMIT, template_hash
+from ..builders.probe import build_capacity_probes, probe_hash
 from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
 from ..spec import RTJ
 from ..world import World, owned_by
 from . import grace, interval
 from .kueue import queued
+from .placement import probe_affinity
 from .pods import coordinator_attempt, is_current, job_attempt
 
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
@@ -220,6 +222,31 @@ def ensure_coordinator(d: Draft) -> None:
     this_gang = is_current(job, status.attempt)
     if desired is not None and not suspended and (this_gang or (job is None and not rtj.queue_name)):
         _create(d, desired)
+
+
+def ensure_capacity_probes(d: Draft) -> None:
+    """While the gang is suspended for capacity its capacity probes exist, as built now (builders/probe.py;
+    placement.wait_for_capacity resumes the gang once all are placed); otherwise none does. A probe that
+    ended (evicted, or failed by its kubelet) or was built from another spec or exclusion list is deleted,
+    and made again by a later pass. No event per probe: the suspension's event says they are made."""
+    status = d.status
+    want = (bool(status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"] and not queued(d)
+            and d.old.get("phase") not in ("Failed", "Succeeded"))
+    desired = {p["metadata"]["name"]: p for p in build_capacity_probes(
+        d.rtj, probe_affinity(d), d.config.capacity_probe_priority_class)} if want else {}
+    have = {p["metadata"]["name"]: p for p in d.world.capacity_probes}
+    for name, pod in have.items():
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            continue
+        built = desired.get(name)
+        if built is None or probe_hash(built) != probe_hash(pod) or (pod.get("status") or {}).get("phase") in (
+                "Failed", "Succeeded"):
+            d.do(Action(DELETE, "Pod", name, d.rtj.namespace, uid=meta.get("uid", "")))
+    for name, pod in desired.items():
+        if name not in have:
+            kopf.adopt(pod, owner=d.rtj.owner)
+            d.do(Action(CREATE, "Pod", name, d.rtj.namespace, pod, owner_uid=d.rtj.uid))
 
 
 def stop_coordinator(d: Draft) -> None:

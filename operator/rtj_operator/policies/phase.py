@@ -219,6 +219,13 @@ def report_waits(d: Draft, plan: ladder.Plan) -> None:
         pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(plan.unfenced.items()))
         waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of its "
                 f"index is started; {FENCING_HOW}")
+    elif plan.in_grace:
+        pods = "; ".join(f"pod {pod} on node {node} ({why} for {seconds:.0f}s)"
+                         for node, (pod, why, seconds) in sorted(plan.in_grace.items()))
+        grace = d.rtj.spec["restartBudget"]["nodeLossGraceSeconds"]
+        waiting(d, WAITING_FOR_FENCING, "NodeLost", f"{pods}: its ranks may still run (a kubelet or network blip), "
+                f"so it is left alone for nodeLossGraceSeconds ({grace}s) or until the node comes back, and failed at "
+                f"once if the node is fenced; {FENCING_HOW}")
     else:
         waiting(d, WAITING_FOR_FENCING, "", "")
     if plan.health_brake:

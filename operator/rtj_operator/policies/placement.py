@@ -10,9 +10,11 @@ from typing import Any
 
 from .. import api, conditions, ladder
 from ..actions import UNGATE, Action
+from ..builders.job import build_job
+from ..builders.probe import build_capacity_probes, probe_hash
 from ..conditions import parse_time, timestamp
 from ..draft import Draft
-from ..status import node_set
+from .kueue import queued
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
 from .pods import addressed_coordinator, bound_since, coordinator_attempt, gated, on_node, running_ready
 
@@ -38,9 +40,11 @@ class CapacityWait:
 def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     """A pod the scheduler finds no node for: say so (WaitingForCapacity, with the scheduler's message);
     after capacitySuspendSeconds suspend the gang so its healthy nodes are released, and resume it once
-    enough fitting nodes show up; after capacityTimeoutSeconds in all, end Failed with the platform's
-    reason (returned: the caller fails the job). Never charged to the job (ladder.attribute excuses the
-    survivors' failed rendezvous)."""
+    the scheduler placed one capacity probe per training node (builders/probe.py: the probes' pod events
+    wake the job, so it resumes within a pass of room appearing, whether an autoscaler added a node or
+    another workload freed one); after capacityTimeoutSeconds in all, end Failed with the platform's
+    reason (returned: the caller fails the job). With a queue, never suspended for capacity (Kueue owns
+    suspend). Never charged to the job (ladder.attribute excuses the survivors' failed rendezvous)."""
     ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
     if d.rtj.spec["suspend"]:
         return CapacityWait()
@@ -48,20 +52,23 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     since = parse_time(old.get("lastTransitionTime")) if (
         old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
     waited = (d.now - since).total_seconds() if since else 0.0
-    fits = d.world.fitting_nodes or {}
     whose, short = "the job's pods", False
+    if ledger.suspended_for_capacity and queued(d):
+        ledger.suspended_for_capacity = ""  # a queue took the Job over since (an edit): Kueue decides
     if ledger.suspended_for_capacity:
-        if len(fits) >= d.rtj.nodes and node_set(fits.values()) != ledger.capacity_fit:
-            ledger.suspended_for_capacity, ledger.capacity_fit = "", ""
-            d.event("Normal", "ResumingForCapacity", f"{len(fits)} nodes fit a pod of the job now "
-                                                     f"({', '.join(list(fits)[:8])}): resuming the gang")
+        placed, waiting_on = probes_placed(d)
+        if placed >= d.rtj.nodes:
+            ledger.suspended_for_capacity = ""
+            d.event("Normal", "ResumingForCapacity", f"the scheduler placed all {placed} capacity probes (pods shaped "
+                                                     "like the gang's): resuming the gang")
             d.act = True
-            waiting(d, WAITING_FOR_CAPACITY, "Resuming", "enough fitting nodes showed up: the gang resumes")
+            waiting(d, WAITING_FOR_CAPACITY, "Resuming", "a node was found for every pod of the gang: it resumes")
         else:
             short = True
             waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
-                    f"{ledger.suspended_for_capacity} to release its nodes: {len(fits)} node(s) fit a pod of it, "
-                    f"{d.rtj.nodes} needed; it resumes by itself once enough do")
+                    f"{ledger.suspended_for_capacity} to release its nodes: the scheduler placed {placed} of "
+                    f"{d.rtj.nodes} capacity probes (pods shaped like the gang's, pending where an autoscaler sees "
+                    f"them){waiting_on}; it resumes by itself once all are placed")
     elif why := coordinator_unschedulable(d):
         # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
         # nothing to release by suspending (and resuming would wait for worker nodes, not for the
@@ -93,15 +100,24 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             what = old.get("message") or "a pod of the gang found no node"
         short = True
         waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
-        if waited >= budget["capacitySuspendSeconds"]:
-            ledger.suspended_for_capacity, ledger.capacity_fit = timestamp(d.now), node_set(fits.values())
+        if queued(d):
+            # Kueue owns Job.spec.suspend and admission: suspending would release nothing (the Job stays
+            # admitted) and stop the coordinator. The wait stays visible, bounded by capacityTimeoutSeconds
+            # (and by Kueue's waitForPodsReady where the cluster enables it).
+            waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", f"{what}; with a queue the gang is not suspended "
+                    "for capacity (Kueue admits and evicts it): it waits")
+        elif waited >= budget["capacitySuspendSeconds"]:
+            ledger.suspended_for_capacity = timestamp(d.now)
             d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
                                                        f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
-                                                       "it to release its nodes until enough fitting nodes show up")
+                                                       f"it to release its nodes, with {d.rtj.nodes} capacity probes "
+                                                       "(pods shaped like the gang's) asking for room; it resumes "
+                                                       "once all are placed")
             # Said in the same write that decides it: the Job is suspended before the next pass.
             waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since {ledger.suspended_for_capacity} "
-                    f"to release its nodes: {len(fits)} node(s) fit a pod of it, {d.rtj.nodes} needed; it resumes "
-                    "by itself once enough do")
+                    f"to release its nodes: the scheduler placed 0 of {d.rtj.nodes} capacity probes (pods shaped "
+                    "like the gang's, pending where an autoscaler sees them); it resumes by itself once all are "
+                    "placed")
             d.act = True
         else:
             d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
@@ -113,6 +129,30 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
         return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
                                                             f"(restartBudget.capacityTimeoutSeconds={limit})"))
     return CapacityWait(short)
+
+
+def probes_placed(d: Draft) -> tuple[int, str]:
+    """How many of the gang's capacity probes (built as they are now) the scheduler placed on distinct
+    nodes, and what the scheduler says of one it did not (", pod X: message"; "" if none says)."""
+    want = probe_hash(build_capacity_probes(d.rtj, probe_affinity(d), d.config.capacity_probe_priority_class)[0])
+    live = [p for p in d.world.capacity_probes if not p["metadata"].get("deletionTimestamp")
+            and probe_hash(p) == want and (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+    nodes = {p["spec"]["nodeName"] for p in live if (p.get("spec") or {}).get("nodeName")}
+    pending = sorted((p["metadata"]["name"], ladder.unschedulable(p)) for p in live
+                     if not (p.get("spec") or {}).get("nodeName") and ladder.unschedulable(p))
+    return len(nodes), (f", pod {pending[0][0]}: {pending[0][1]}" if pending else "")
+
+
+def probe_affinity(d: Draft) -> dict[str, Any]:
+    """The gang's affinity with the job's node exclusions in force now, as release_gated gives its pods."""
+    template = build_job(d.rtj)["spec"]["template"]["spec"]
+    affinity = dict(template.get("affinity") or {})
+    nodes = excluded(d.status.excluded_nodes, d.now)
+    if nodes:
+        required = {"nodeSelectorTerms": exclusion_terms(template, nodes)}
+        affinity["nodeAffinity"] = {**(affinity.get("nodeAffinity") or {}),
+                                    "requiredDuringSchedulingIgnoredDuringExecution": required}
+    return affinity
 
 
 def coordinator_unschedulable(d: Draft) -> str:
