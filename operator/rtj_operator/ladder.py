@@ -735,6 +735,9 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
       else, while a fault of this attempt is being recovered, it is that fault's consequence, like
       every other PEER failure of it; else it waits up to PEER_ATTRIBUTION_SECONDS for its cause to
       show, and is then charged to the job (and is the fault the later ones follow from).
+    - So is a failed rendezvous (RENDEZVOUS, CONTROL_FAILED) while a node of the gang is lost and not
+      charged yet: with nodeLossGraceSeconds at upstream's 300 s, a survivor's rendezvous may give up
+      before the lost node's pod is evicted.
     - While a platform fault is recovered (its replacement not running yet: unschedulable for lack of
       capacity, or still starting), the survivors' failed rendezvous are its consequences too; so are
       they while a pod of the gang finds no node (`capacity`), whatever attempt the gang is at: no
@@ -783,7 +786,9 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
                                                              f"{first}: not another disruption)", correlated=True))
             nodes.append(f.lost_node)
             continue
-        if payer == PEERS:
+        if payer == PEERS or f.kind in (RENDEZVOUS, CONTROL_FAILED):
+            # A rendezvous that could not complete while a node of the gang is lost (NotReady within
+            # nodeLossGraceSeconds, its pod not charged yet) waited for that node: its disruption.
             if peers := [n for n in sorted(lost_nodes) if n not in nodes]:
                 nodes.append(peers[0])
                 if peers[0] in lost:
@@ -792,6 +797,7 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
                 charges.append(Charge(f, PLATFORM, meaning.tier, f"{f.message} (node {peers[0]} of its gang is "
                                                                   f"lost: {lost_nodes[peers[0]]})"))
                 continue
+        if payer == PEERS:
             if faults or capacity:
                 # Not charged; a closed rendezvous still takes a new gang (no pod can join it again).
                 charges.append(Charge(f, NOBODY, meaning.tier if meaning.tier == GANG_RESTART else None,

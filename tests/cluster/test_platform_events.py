@@ -165,3 +165,33 @@ def test_a_coordinator_with_no_node_keeps_its_gang_gated_waits_visibly_and_is_ch
     assert counters(st) == (0, 0, 0), st
     assert rtj.condition("WaitingForCapacity")["status"] == "False"
     assert "CoordinatorUnschedulable" in rtj.reasons()
+
+
+def test_a_gang_restart_that_waits_on_an_unfenced_node_says_so_and_starts_once_it_is_fenced(
+        rtj, kube, ns, operator, cluster, own_nodes, lost_nodes):
+    """Issue 29.5: a node lost and never fenced (a partition, an instance that stays up), then the survivor's
+    rendezvous gives up: the gang restart deletes the old Job (Foreground), which waits for the pod on the lost
+    node, and the new gang waited behind it with no pods and nothing saying why. Now a true condition names the
+    old Job, the pod and the node, and how to end the wait; the survivor's failed rendezvous, which came while
+    the node was lost within its grace period, is the node's disruption, not the job's failure."""
+    own_nodes(3)
+    rtj.create(placement={"nodeSelector": {"rtj.dev/test-node": own_nodes.label}},
+               restartBudget={**FAST, "nodeLossGraceSeconds": 300})
+    rtj.wait_running(nodes=2, timeout=60)
+    pods = {p["metadata"]["annotations"][INDEX]: p for p in rtj.running_pods()}
+    lost = pods["1"]["spec"]["nodeName"]
+    lost_nodes(lost)
+    cond = wait_until(lambda: rtj.condition("WaitingForFencing") if rtj.condition("WaitingForFencing").get(
+        "reason") == "NodeLost" else None, timeout=90, what="WaitingForFencing, NodeLost")
+    assert lost in cond["message"] and "nodeLossGraceSeconds (300s)" in cond["message"]
+    rtj.exit_pod(pods["0"], exit_codes.RENDEZVOUS_FAILED)  # the survivor gives up on the rendezvous
+    cond = wait_until(lambda: rtj.condition("WaitingForFencing") if rtj.condition("WaitingForFencing").get(
+        "reason") == "OldGangNotFenced" else None, timeout=60, what="WaitingForFencing, OldGangNotFenced")
+    assert "attempt 2" in cond["message"] and pods["1"]["metadata"]["name"] in cond["message"]
+    assert lost in cond["message"] and "out-of-service" in cond["message"], cond
+    st = rtj.status()
+    assert counters(st)[:2] == (0, 1), st  # the node's disruption; the job's budget untouched
+    cluster.fence_node(lost)  # what a person does once the instance is known down
+    st = rtj.wait_running(nodes=2, timeout=90)
+    assert st.get("attempt") == 2 and counters(st)[:2] == (0, 1), st
+    assert lost not in {p["spec"]["nodeName"] for p in rtj.running_pods()}

@@ -182,6 +182,10 @@ LOST_N0 = {"n0": "NodeUnreachable"}
     # gave up on the rendezvous meanwhile follows from it (charged first, whatever the order found).
     ([RDZV_2, UNRESOLVED_1], ladder.Fault(1), {},
      [("p1", ladder.PLATFORM, ""), ("p2", ladder.NOBODY, ladder.EXCUSED)], ladder.Fault(1, (), 1, True)),
+    # Issue 29.6: a survivor's rendezvous gave up while a node of the gang is lost within its grace period (not
+    # evicted, not charged yet): that node's disruption, not the job's failure; the node's own finding, later,
+    # is not charged again.
+    ([RDZV_1], ladder.Fault(1), LOST_N0, [("p1", ladder.PLATFORM, "")], ladder.Fault(1, ("n0",), 1, True)),
     # While a platform fault's replacement waits (no capacity), the survivors' failed rendezvous follow from it.
     ([RDZV_1], ladder.Fault(1, ("n0",), 1, True), {}, [("p1", ladder.NOBODY, ladder.EXCUSED)],
      ladder.Fault(1, ("n0",), 1, True)),

@@ -25,7 +25,7 @@ from ..conditions import (
 from ..draft import Draft
 from . import grace, interval
 from .kueue import queued
-from .pods import is_current, job_nodes, ready_since, running_ready
+from .pods import is_current, job_attempt, job_nodes, ready_since, running_ready
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -204,9 +204,9 @@ def warn_stop_grace(d: Draft) -> None:
                 f"suspend would lose the steps since the last checkpoint; {remedy} (a spot reclaim gives 120 s)")
 
 
-FENCING_HOW = ("its index is replaced once the node is fenced: deleted (as the cloud node lifecycle controller "
-               "does once its instance is gone), tainted node.kubernetes.io/out-of-service, or (with --check-ec2) "
-               "its EC2 instance stopped or terminated")
+FENCING_DO = ("deleted (as the cloud node lifecycle controller does once its instance is gone), tainted "
+              "node.kubernetes.io/out-of-service, or (with --check-ec2) its EC2 instance stopped or terminated")
+FENCING_HOW = f"its index is replaced once the node is fenced: {FENCING_DO}"
 
 
 def report_waits(d: Draft, plan: ladder.Plan) -> None:
@@ -217,8 +217,17 @@ def report_waits(d: Draft, plan: ladder.Plan) -> None:
                 "are fenced")
     elif plan.unfenced:
         pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(plan.unfenced.items()))
-        waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of its "
-                f"index is started; {FENCING_HOW}")
+        job = d.world.job
+        if job is not None and job["metadata"].get("deletionTimestamp") and job_attempt(job) < d.status.attempt:
+            # A gang restart: the old Job goes (Foreground) only once its pods have, and a pod on an unfenced
+            # node never confirms its deletion, so the new gang waits for the fencing too (issue 29.5).
+            waiting(d, WAITING_FOR_FENCING, "OldGangNotFenced", f"the new gang (attempt {d.status.attempt}) starts "
+                    f"once Job {job['metadata']['name']} of attempt {job_attempt(job)} is deleted, which waits for "
+                    f"{pods}: its ranks may still run, so none of the new gang's is started beside them; the old "
+                    f"pod goes, and the new gang starts, once the node is fenced: {FENCING_DO}")
+        else:
+            waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of "
+                    f"its index is started; {FENCING_HOW}")
     elif plan.in_grace:
         pods = "; ".join(f"pod {pod} on node {node} ({why} for {seconds:.0f}s)"
                          for node, (pod, why, seconds) in sorted(plan.in_grace.items()))
