@@ -129,6 +129,7 @@ def terminal(d: Draft) -> Intent:
 
 
 JOB_CONTROLLER = "kubernetes.io/job-controller"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 
 
 def observe(d: Draft, converge: bool) -> None:
@@ -197,9 +198,18 @@ def observe(d: Draft, converge: bool) -> None:
 
 
 def managed_elsewhere(d: Draft, managed_by: str) -> None:
-    """A Job another controller runs (spec.managedBy, e.g. MultiKueue dispatching it to a worker cluster):
-    its pods are not here, so nothing is waited on or charged; the RTJ mirrors the Job's own status."""
+    """A Job another controller runs (spec.managedBy): its pods are not here, so nothing is waited on or
+    charged; the RTJ mirrors the Job's own status. Except MultiKueue's: it copies the Job to a worker
+    cluster without the Service, coordinator and claim its pods rendezvous and checkpoint through, so
+    such a gang could never form there; refused (Failed, and terminal() deactivates its Workload, which
+    withdraws it from the worker cluster) until that is supported."""
     job, status = d.world.job or {}, d.status
+    if managed_by == MULTIKUEUE:
+        fail(d, "MultiKueueUnsupported", f"Job {job_name(d.rtj)} is dispatched by MultiKueue (spec.managedBy "
+             f"{managed_by}): its pods would run in a worker cluster without the Service, coordinator and "
+             "checkpoint claim they need, which MultiKueue does not copy; use a queue whose ClusterQueue has no "
+             "MultiKueue admission check")
+        return
     job_status = job.get("status") or {}
     conds = {c.get("type"): c for c in job_status.get("conditions") or [] if c.get("status") == "True"}
     message = (f"Job {job_name(d.rtj)} is managed by {managed_by}: its pods run elsewhere; this RTJ shows the "

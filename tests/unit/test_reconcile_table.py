@@ -677,7 +677,7 @@ def condition_of(status, type_: str) -> dict[str, Any]:
 
 def test_a_job_another_controller_manages_is_mirrored_not_waited_on():
     w = W()
-    w.world.job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    w.world.job["spec"]["managedBy"] = "example.com/another-controller"
     w.world.job["status"] = {"ready": 2, "active": 2}
     w.world.pods = []
     intent = w.run()
@@ -685,6 +685,23 @@ def test_a_job_another_controller_manages_is_mirrored_not_waited_on():
     assert condition(intent, "Running")["reason"] == "ManagedElsewhere"
     w.world.job["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
     assert w.run().status.phase == "Succeeded"
+
+
+def test_a_job_multikueue_dispatches_is_refused_and_its_workload_deactivated():
+    """Issue 29.11: MultiKueue copies the Job to a worker cluster without the Service, coordinator and claim:
+    that gang could never rendezvous there. Refused at once, with why, and withdrawn."""
+    w = W(queueName="team-a")
+    w.world.job["spec"].update(managedBy="kueue.x-k8s.io/multikueue", suspend=True)
+    w.world.pods = []
+    failed = w.run()
+    assert failed.status.phase == "Failed" and failed.status.last_failure_reason == "MultiKueueUnsupported"
+    assert "worker cluster" in failed.status.last_failure_message and failed.status.job_restarts == 0
+    w.body["status"] = failed.status.to_dict()
+    w.world.workload = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                        "metadata": {"name": "job-train-1", "namespace": "default", "uid": "wl-uid"},
+                        "spec": {"active": True}}
+    actions = w.run().actions
+    assert any(a.kind == "Workload" and a.body == {"spec": {"active": False}} for a in actions), actions
 
 
 def test_a_failed_rendezvous_right_after_a_platform_fault_recovered_is_its_consequence():
