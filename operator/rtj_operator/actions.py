@@ -60,6 +60,9 @@ class Action:
     # CREATE: a 409 is fine when the existing object is ours (owner uid, or these labels on a retained PVC).
     owner_uid: str = ""
     retained_labels: dict[str, str] = field(default_factory=dict)
+    # CREATE of a helper the job does without (a capacity probe): any refusal (a full ResourceQuota, a
+    # PriorityClass missing) is a Result to report, never a failed pass.
+    best_effort: bool = False
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Result:
     rejected: str = ""  # the server rejects what the spec produced
     conflict: str = ""  # an object we do not own holds the name
     refused: str = ""  # a PodDisruptionBudget said not now (429)
+    failed: str = ""  # a best-effort create the server refused, in its words
     skipped: bool = False  # not tried: an earlier gating action failed
     obj: dict[str, Any] | None = None
 
@@ -97,6 +101,8 @@ def _one(kube: Kube, a: Action) -> Result:
                 if a.verb == DRY_RUN:
                     return Result(a)  # validation runs before the name clash: 409 means the server takes it
                 return _existing(kube, a)
+            if a.best_effort:
+                return Result(a, ok=False, failed=str(exc))
             if rejected(exc):
                 return Result(a, ok=False, rejected=str(exc))
             raise

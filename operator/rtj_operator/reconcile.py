@@ -43,7 +43,7 @@ from .policies.children import (
 )
 from .policies.footprint import warn_gpu_memory
 from .policies.kueue import activate_workload, ensure_queue, queued
-from .policies.phase import TERMINAL, derive_phase, publish_progress, report_waits
+from .policies.phase import TERMINAL, WAITING_FOR_CAPACITY, derive_phase, publish_progress, report_waits
 from .policies.placement import awaiting_coordinator, expire_exclusions, release_gated, wait_for_capacity
 from .policies.pods import is_current
 from .spec import semantic_errors
@@ -262,6 +262,13 @@ def settle(intent: Intent, results: list[Result], world: World, now: datetime.da
             d.cond(CREATED, False, "ChildConflict", message)
             d.status.phase = "Pending"
             d.cond(RUNNING, False, "ChildConflict", "nothing is created or changed until the conflict is resolved")
+        if r.failed:
+            # A capacity probe the server refused (a full ResourceQuota, its PriorityClass missing): said where
+            # the wait is, made again at the next pass.
+            cond = conditions.get_condition(d.status.conditions, WAITING_FOR_CAPACITY) or {}
+            if cond.get("status") == "True" and "could not be made" not in cond.get("message", ""):
+                d.cond(WAITING_FOR_CAPACITY, True, cond["reason"], f"{cond.get('message', '')}; capacity probe "
+                       f"{a.name} could not be made: {r.failed[:1024]}")
         if r.refused and a.uid not in d.status.recovery.evictions_refused:
             d.status.recovery.evictions_refused.append(a.uid)
             d.event("Warning", "EvictionRefused", f"Evicting pod {a.name} was refused: a PodDisruptionBudget does "

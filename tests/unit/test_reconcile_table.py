@@ -20,6 +20,7 @@ from rtj_operator.builders.job import template_hash
 from rtj_operator.builders.probe import build_capacity_probes
 from rtj_operator.conditions import timestamp
 from rtj_operator.draft import Draft
+from rtj_operator.kube import KubeError
 from rtj_operator.policies.placement import probe_affinity
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ
@@ -636,6 +637,29 @@ def test_a_probe_that_ended_or_was_built_from_another_spec_is_made_again():
     assert [(a.verb, a.name) for a in intent.actions] == [(DELETE, "train-capacity-0"), (DELETE, "train-capacity-1")]
     w.world.capacity_probes = []
     assert [(a.verb, a.name) for a in w.run().actions] == [(CREATE, "train-capacity-0"), (CREATE, "train-capacity-1")]
+
+
+def test_a_capacity_probe_the_server_refuses_is_said_where_the_wait_is_and_fails_no_pass():
+    """A full ResourceQuota (403) or a missing PriorityClass must not fail the pass (no status written, the
+    job frozen): the wait's condition quotes the refusal, and the next pass tries again."""
+    from rtj_operator.actions import execute
+    w = suspended_for_capacity(W())
+    intent = w.run()
+    creates = [a for a in intent.actions if a.verb == CREATE]
+    assert creates and all(a.best_effort for a in creates)
+
+    class Full:
+        def create(self, obj, dry_run=False):
+            raise KubeError(403, 'pods "train-capacity-0" is forbidden: exceeded quota: gpus, requested: '
+                                 'requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=8, limited: '
+                                 'requests.nvidia.com/gpu=8')
+
+    results = execute(Full(), creates)
+    assert [r.failed != "" for r in results] == [True, True]
+    settled = settle(intent, results, w.world, NOW)
+    message = condition(settled, "WaitingForCapacity")["message"]
+    assert "train-capacity-0 could not be made" in message and "exceeded quota" in message
+    assert condition(settled, "InvalidSpec")["status"] == "False"  # not the spec's fault
 
 
 def test_a_queued_gang_is_not_suspended_for_capacity():

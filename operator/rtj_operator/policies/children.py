@@ -246,7 +246,7 @@ def ensure_capacity_probes(d: Draft) -> None:
     for name, pod in desired.items():
         if name not in have:
             kopf.adopt(pod, owner=d.rtj.owner)
-            d.do(Action(CREATE, "Pod", name, d.rtj.namespace, pod, owner_uid=d.rtj.uid))
+            d.do(Action(CREATE, "Pod", name, d.rtj.namespace, pod, owner_uid=d.rtj.uid, best_effort=True))
 
 
 def stop_coordinator(d: Draft) -> None:
