@@ -618,6 +618,32 @@ def test_a_suspend_during_a_slow_save_commits_it_and_resumes_from_it(run: Run) -
           "in flight: committed, resumed from it")
 
 
+@pytest.mark.timeout(600)
+def test_an_unhealthy_node_on_a_slow_volume_is_replaced_with_the_rendezvous_kept_open(
+        run: Run, clean_result: dict[str, Any]) -> None:
+    """Issue 27.3 end to end, on the real-size volume (27.1): a rank asks NVRx to exclude its node (what a
+    failed GPU or NIC health check leads to) while each save takes tens of seconds. NVRx's barrier counts
+    unhealthy nodes over the rendezvous' life; without the headroom the operator gives it, the survivor's
+    launcher found the rendezvous closed (78) and the whole gang restarted. Now the node's pod exits 73
+    (the platform's: one disruption), the operator replaces it, the survivor waits in its next round for
+    the replacement, and training ends with a fault-free run's weights."""
+    run.agents.slow.want(run.ns, "train-ckpt", **SLOW)
+    run.events_path = run.agents.workdir / f"{run.ns}-events.jsonl"  # off the slow volume (see above)
+    run.apply("--fault", "2:15:unhealthy", resiliency=SLOW_RESILIENCY,
+              env=[{"name": "RTJ_EVENT_LOG", "value": str(run.events_path)},
+                   {"name": "TORCH_CPP_LOG_LEVEL", "value": "ERROR"}])
+    status = run.wait_done(timeout=540)
+    assert (status.get("disruptions"), status.get("jobRestarts", 0)) == (1, 0), run.diagnosis()
+    assert status.get("lastFailureReason") == "NodeUnhealthy", run.diagnosis()
+    assert (status.get("restartsByTier") or {}).get("GangRestart", 0) == 0, run.diagnosis()  # kept open
+    assert status.get("attempt", 1) == 1, run.diagnosis()
+    written = (status.get("progress") or {}).get("checkpointWriteSeconds") or 0
+    assert written > SLOW_RESILIENCY["inProcessRestart"]["hardTimeoutSeconds"], status.get("progress")
+    assert same_weights(run.result(), clean_result), run.story()
+    print(f"slow volume: a checkpoint took {written:.1f} s to write; an unhealthy node's pod was replaced "
+          "and the survivor's rendezvous stayed open")
+
+
 @pytest.mark.timeout(420)
 def test_deleting_a_training_pod_is_one_disruption(run: Run, clean_result: dict[str, Any]) -> None:
     run.apply()

@@ -29,6 +29,7 @@ from ..spec import RTJ
 from ..world import World, owned_by
 from . import grace, interval
 from .kueue import queued
+from .phase import TERMINAL
 from .placement import probe_affinity
 from .pods import coordinator_attempt, is_current, job_attempt
 
@@ -231,7 +232,7 @@ def ensure_capacity_probes(d: Draft) -> None:
     and made again by a later pass. No event per probe: the suspension's event says they are made."""
     status = d.status
     want = (bool(status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"] and not queued(d)
-            and d.old.get("phase") not in ("Failed", "Succeeded"))
+            and d.old.get("phase") not in TERMINAL)
     desired = {p["metadata"]["name"]: p for p in build_capacity_probes(
         d.rtj, probe_affinity(d), d.config.capacity_probe_priority_class)} if want else {}
     have = {p["metadata"]["name"]: p for p in d.world.capacity_probes}
