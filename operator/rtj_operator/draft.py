@@ -81,7 +81,7 @@ class Draft:
         self.act = False  # a decision was recorded that the next pass carries out
         budget = self.rtj.spec["restartBudget"]
         self.timing = ladder.Timing(
-            node_grace=datetime.timedelta(seconds=budget.get("nodeLossGraceSeconds", 300)),
+            node_grace=datetime.timedelta(seconds=budget["nodeLossGraceSeconds"]),
             terminating_timeout=datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
 
     def event(self, type_: str, reason: str, message: str) -> None:

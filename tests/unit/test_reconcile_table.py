@@ -17,11 +17,10 @@ from rtj_operator import api, ladder
 from rtj_operator.actions import CREATE, DELETE, EVICT, FAIL_POD, PATCH, Result
 from rtj_operator.builders import build_coordinator, build_job, build_network_policy, build_pvc, build_service
 from rtj_operator.builders.job import template_hash
-from rtj_operator.builders.probe import build_capacity_probes
 from rtj_operator.conditions import timestamp
-from rtj_operator.draft import Draft
+from rtj_operator.draft import Config, Draft
 from rtj_operator.kube import KubeError
-from rtj_operator.policies.placement import probe_affinity
+from rtj_operator.policies.placement import gang_probes
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
@@ -539,12 +538,12 @@ def test_a_pod_that_finds_no_node_is_waiting_for_capacity_with_the_schedulers_me
     assert "Unschedulable" in reasons(intent) and intent.requeue.seconds <= 300 and intent.actions == []
 
 
-def probes(w: W, placed: dict[int, str] | None = None, **changes: Any) -> list[dict[str, Any]]:
+def probes(w: W, placed: dict[int, str] | None = None, priority_class: str = "") -> list[dict[str, Any]]:
     """The gang's capacity probes as the operator builds them now, owned by the RTJ; `placed`: index ->
     the node the scheduler bound it to (the others pending, with the scheduler's message)."""
-    d = Draft(w.world, NOW)
+    d = Draft(w.world, NOW, Config(capacity_probe_priority_class=priority_class))
     out = []
-    for i, p in enumerate(build_capacity_probes(d.rtj, probe_affinity(d), **changes)):
+    for i, p in enumerate(gang_probes(d)):
         p = owned(p, w.body, f"probe-uid-{i}")
         if placed and i in placed:
             p["spec"]["nodeName"], p["status"] = placed[i], {"phase": "Running"}

@@ -70,12 +70,13 @@ def _relabel(affinity: dict[str, Any], rtj: RTJ) -> dict[str, Any]:
     return out
 
 
-def build_capacity_probes(rtj: RTJ, affinity: dict[str, Any] | None = None,
-                          priority_class: str = "") -> list[dict[str, Any]]:
+def build_capacity_probes(rtj: RTJ, affinity: dict[str, Any] | None = None, priority_class: str = "",
+                          template: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One probe per training node. `affinity`: the gang's, with the job's node exclusions applied (what
     its replacement pods would get: placement.exclusion_terms); None: the template's. `priority_class`:
-    the operator's --capacity-probe-priority-class ("" leaves the namespace's default priority)."""
-    template = build_job(rtj)["spec"]["template"]["spec"]
+    the operator's --capacity-probe-priority-class ("" leaves the namespace's default priority).
+    `template`: the gang's pod spec (build_job's), if the caller has it."""
+    template = template or build_job(rtj)["spec"]["template"]["spec"]
     worker = next(c for c in template["containers"] if c["name"] == CONTAINER)
     claims = [v for v in template["volumes"] if "persistentVolumeClaim" in v]
     mounts = [m for m in worker.get("volumeMounts") or [] if m["name"] in {v["name"] for v in claims}]

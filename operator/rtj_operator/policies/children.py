@@ -22,7 +22,7 @@ from ..builders import (
     service_name,
 )
 from ..builders.job import PER_INDEX_LIMIT, template_hash
-from ..builders.probe import build_capacity_probes, probe_hash
+from ..builders.probe import probe_hash
 from ..conditions import INVALID_SPEC, timestamp
 from ..draft import Draft
 from ..spec import RTJ
@@ -30,7 +30,7 @@ from ..world import World, owned_by
 from . import grace, interval
 from .kueue import queued
 from .phase import TERMINAL
-from .placement import probe_affinity
+from .placement import gang_probes
 from .pods import coordinator_attempt, is_current, job_attempt
 
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
@@ -233,8 +233,7 @@ def ensure_capacity_probes(d: Draft) -> None:
     status = d.status
     want = (bool(status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"] and not queued(d)
             and d.old.get("phase") not in TERMINAL)
-    desired = {p["metadata"]["name"]: p for p in build_capacity_probes(
-        d.rtj, probe_affinity(d), d.config.capacity_probe_priority_class)} if want else {}
+    desired = {p["metadata"]["name"]: p for p in gang_probes(d)} if want else {}
     have = {p["metadata"]["name"]: p for p in d.world.capacity_probes}
     for name, pod in have.items():
         meta = pod["metadata"]

@@ -65,10 +65,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             waiting(d, WAITING_FOR_CAPACITY, "Resuming", "a node was found for every pod of the gang: it resumes")
         else:
             short = True
-            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
-                    f"{ledger.suspended_for_capacity} to release its nodes: the scheduler placed {placed} of "
-                    f"{d.rtj.nodes} capacity probes (pods shaped like the gang's, pending where an autoscaler sees "
-                    f"them){waiting_on}; it resumes by itself once all are placed")
+            suspended(d, placed, waiting_on)
     elif why := coordinator_unschedulable(d):
         # The gang's pods keep their gate meanwhile (awaiting_coordinator), so they hold no node:
         # nothing to release by suspending (and resuming would wait for worker nodes, not for the
@@ -113,11 +110,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
                                                        f"it to release its nodes, with {d.rtj.nodes} capacity probes "
                                                        "(pods shaped like the gang's) asking for room; it resumes "
                                                        "once all are placed")
-            # Said in the same write that decides it: the Job is suspended before the next pass.
-            waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since {ledger.suspended_for_capacity} "
-                    f"to release its nodes: the scheduler placed 0 of {d.rtj.nodes} capacity probes (pods shaped "
-                    "like the gang's, pending where an autoscaler sees them); it resumes by itself once all are "
-                    "placed")
+            suspended(d, 0, "")  # said in the same write that decides it: the Job is suspended before the next pass
             d.act = True
         else:
             d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
@@ -131,10 +124,17 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     return CapacityWait(short)
 
 
+def suspended(d: Draft, placed: int, waiting_on: str) -> None:
+    waiting(d, WAITING_FOR_CAPACITY, "SuspendedForCapacity", f"suspended since "
+            f"{d.status.recovery.suspended_for_capacity} to release its nodes: the scheduler placed {placed} of "
+            f"{d.rtj.nodes} capacity probes (pods shaped like the gang's, pending where an autoscaler sees "
+            f"them){waiting_on}; it resumes by itself once all are placed")
+
+
 def probes_placed(d: Draft) -> tuple[int, str]:
     """How many of the gang's capacity probes (built as they are now) the scheduler placed on distinct
     nodes, and what the scheduler says of one it did not (", pod X: message"; "" if none says)."""
-    want = probe_hash(build_capacity_probes(d.rtj, probe_affinity(d), d.config.capacity_probe_priority_class)[0])
+    want = probe_hash(gang_probes(d)[0])
     live = [p for p in d.world.capacity_probes if not p["metadata"].get("deletionTimestamp")
             and probe_hash(p) == want and (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
     nodes = {p["spec"]["nodeName"] for p in live if (p.get("spec") or {}).get("nodeName")}
@@ -143,8 +143,9 @@ def probes_placed(d: Draft) -> tuple[int, str]:
     return len(nodes), (f", pod {pending[0][0]}: {pending[0][1]}" if pending else "")
 
 
-def probe_affinity(d: Draft) -> dict[str, Any]:
-    """The gang's affinity with the job's node exclusions in force now, as release_gated gives its pods."""
+def gang_probes(d: Draft) -> list[dict[str, Any]]:
+    """The gang's capacity probes as built now: its affinity with the job's node exclusions in force (as
+    release_gated gives its pods), the operator's PriorityClass."""
     template = build_job(d.rtj)["spec"]["template"]["spec"]
     affinity = dict(template.get("affinity") or {})
     nodes = excluded(d.status.excluded_nodes, d.now)
@@ -152,7 +153,7 @@ def probe_affinity(d: Draft) -> dict[str, Any]:
         required = {"nodeSelectorTerms": exclusion_terms(template, nodes)}
         affinity["nodeAffinity"] = {**(affinity.get("nodeAffinity") or {}),
                                     "requiredDuringSchedulingIgnoredDuringExecution": required}
-    return affinity
+    return build_capacity_probes(d.rtj, affinity, d.config.capacity_probe_priority_class, template)
 
 
 def coordinator_unschedulable(d: Draft) -> str:
