@@ -17,7 +17,7 @@ WITH_NVRX06 = RTJ_AGENT_NVRX=$(abspath $(NVRX06_DIR)) && export RTJ_AGENT_NVRX &
 
 .PHONY: demo test unit cluster e2e worker worker-nvrx041 tiers-table bench-goodput lint setup tools kube crds images-efa \
 	chart-readme docs-tables bench bench-operator bench-worker images clean nvrx06 test-worker \
-	bench-checkpoint gpu-bundle gpu-check bench-reports worker-wheel worker-nvrx07
+	bench-checkpoint gpu-bundle gpu-check bench-reports worker-wheel worker-nvrx07 bench-gang
 
 demo: setup tools nvrx06 ## Real training under the operator, one fault per recovery layer (root; the first run builds the control plane)
 	$(WITH_KUBE) $(WITH_NVRX06) PYTHONPATH=hack $(PY) -m rtj_dev.demo
@@ -150,6 +150,9 @@ bench: bench-operator bench-worker bench-checkpoint
 
 bench-operator: setup tools
 	$(WITH_KUBE) PYTHONPATH=hack $(PY) bench/reconcile_load.py
+
+bench-gang: setup tools ## One RTJ of 64, 512 and 1000 kwok nodes, every pod reporting: the operator's CPU, memory, requests, failure counting (~20 min)
+	$(WITH_KUBE) PYTHONPATH=hack:bench $(PY) bench/gang_load.py
 
 bench-worker: setup
 	$(PY) bench/recovery.py

@@ -94,6 +94,25 @@ class OperatorProcess:
         self.log.close()
 
 
+def operator_of(cluster: LocalCluster, src: Path) -> OperatorProcess:
+    """The operator of checkout `src`, started; another checkout's with its own CRD first (its status schema:
+    an older operator's status fields would otherwise be pruned by this one's); the chart's RBAC stays."""
+    if src != ROOT:
+        subprocess.run([str(TOOLS / "kubectl"), "apply", "--server-side", "--force-conflicts", "-f",
+                        str(src / "crds")], env=cluster.env(), check=True, capture_output=True)
+    return OperatorProcess(cluster, src)
+
+
+def add_operator_src(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--operator-src", type=Path, default=None,
+                        help="another checkout whose operator runs after this one's (before/after in one run)")
+
+
+def sources_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """This checkout's operator, then --operator-src's."""
+    return [("this", ROOT)] + ([("other", args.operator_src.resolve())] if args.operator_src else [])
+
+
 class Watch:
     """The objects behind one API path, kept current by a watch (relisting when it expires); every
     event is handed to `on_event(type, obj, seen_at)` on the watch's thread."""
@@ -347,14 +366,16 @@ def failure_latencies(kube: Kube, observer: Observer, keys: list[Key], samples: 
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int) -> Iterator[tuple[LocalCluster, Kube, Observer]]:
-    """A local control plane with the chart installed (the operator runs as its own process, below)."""
-    with LocalCluster(nodes=nodes) as cluster:
+def local_cluster(nodes: int, observer_type: type[Observer] | None = None,
+                  **options: Any) -> Iterator[tuple[LocalCluster, Kube, Observer]]:
+    """A local control plane with the chart installed (the operator runs as its own process, below);
+    `options`: LocalCluster's."""
+    with LocalCluster(nodes=nodes, **options) as cluster:
         kube = Kube(configure(cluster.server, token=cluster.admin_token, ca_file=str(cluster.ca_file)))
         subprocess.run([str(TOOLS / "helm"), "install", "rtj-operator", str(ROOT / "charts" / "rtj-operator"), "-n",
                         "rtj-system", "--create-namespace", "--set", "replicaCount=0", "--wait"], env=cluster.env(),
                        check=True, capture_output=True)
-        observer = Observer(cluster)
+        observer = (observer_type or Observer)(cluster)
         try:
             yield cluster, kube, observer
         finally:
@@ -400,12 +421,7 @@ def run_sizes(sizes: list[int], nodes: int, samples: int, sources: list[tuple[st
     stages: list[str] = []
     with local_cluster(nodes) as (cluster, kube, observer):
         for label, src in sources:
-            if src != ROOT:
-                # Another checkout's operator with its own CRD (its status schema: an older operator's
-                # status fields would otherwise be pruned by this one's); the chart's RBAC stays.
-                subprocess.run([str(TOOLS / "kubectl"), "apply", "--server-side", "--force-conflicts", "-f",
-                                str(src / "crds")], env=cluster.env(), check=True, capture_output=True)
-            operator = OperatorProcess(cluster, src)
+            operator = operator_of(cluster, src)
             try:
                 for n in sizes:
                     harness0 = time.process_time()
@@ -485,8 +501,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,500,1000", help="comma-separated N (RTJs x 2 nodes)")
     parser.add_argument("--nodes", type=int, default=24, help="kwok nodes (110 pods each)")
     parser.add_argument("--samples", type=int, default=20, help="pod failures timed")
-    parser.add_argument("--operator-src", type=Path, default=None,
-                        help="another checkout whose operator runs after this one's (before/after in one run)")
+    add_operator_src(parser)
     parser.add_argument("--targets", action="store_true", help="issue 9's load targets instead of sizes")
     parser.add_argument("--running", type=int, default=500)
     parser.add_argument("--pending", type=int, default=500)
@@ -495,7 +510,7 @@ def main() -> None:
     if args.targets:
         run_targets(args.running, args.pending, args.fresh, args.nodes, args.samples)
         return
-    sources = [("this", ROOT)] + ([("other", args.operator_src.resolve())] if args.operator_src else [])
+    sources = sources_of(args)
     run_sizes([int(s) for s in args.sizes.split(",")], args.nodes, args.samples, sources)
 
 

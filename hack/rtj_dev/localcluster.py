@@ -99,6 +99,9 @@ class LocalCluster:
     # DefaultTolerationSeconds for not-ready/unreachable taints (EKS: 300). Short, so the real
     # taint-eviction controller evicts within a test; the operator acts on its own grace period.
     toleration_seconds: int = 300
+    # How long kwok's node leases last (it renews them at a quarter of this). Short for the tests' node
+    # losses; a benchmark of hundreds of nodes uses the kubelet's 40 s, or kwok's renewals alone fill the cores.
+    node_lease_seconds: int = 4
     quiet: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     admin_token: str = ""
@@ -328,7 +331,7 @@ class LocalCluster:
         self._spawn("kwok", [
             "kwok", f"--kubeconfig={self.kubeconfig}", f"--config={STAGES}",
             f"--manage-nodes-with-label-selector={KWOK_LABEL}=true",
-            "--node-lease-duration-seconds=4", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
+            f"--node-lease-duration-seconds={self.node_lease_seconds}", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{free_port()}",
         ])
 

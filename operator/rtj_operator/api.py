@@ -37,6 +37,11 @@ ANNOTATION_NODES = f"{GROUP}/nodes"
 ANNOTATION_CHECKPOINT_INTERVAL = f"{GROUP}/checkpoint-interval"
 # The grace period a Job's pods were built with when measured, not the spec's (policies/grace.py).
 ANNOTATION_GRACE = f"{GROUP}/grace-seconds"
+# On a Job this operator suspended (spec.suspend, or for capacity), set in the same write as the suspend: the
+# Job itself says the suspend is the operator's to lift, even where the status write after it was lost (a
+# leader that lost its Lease while that write was in flight, a crash). A Job suspended without it is
+# someone else's (a queue, a person) and waited for (policies/children.ensure_job).
+ANNOTATION_SUSPENDED_BY = f"{GROUP}/suspended-by"
 # The pods' grace period when neither the spec nor a measurement says otherwise: a spot reclaim's notice.
 DEFAULT_GRACE_SECONDS = 120
 # On worker pods: held back from the scheduler until the operator has applied the job's node exclusions

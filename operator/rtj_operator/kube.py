@@ -39,14 +39,38 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
 }
 
 
+REQUEST_TIMEOUT = 30.0
+MIN_WRITE_TIMEOUT = 0.5
+# A LIST is read in pages of this many objects (client-go's pager): the API server and the operator each
+# hold one page at a time, not a whole namespace's (or cluster's) pods in one response.
+PAGE_SIZE = 500
+# A call the API server throttles (429, API Priority and Fairness) is sent again after the Retry-After it
+# gives, as client-go does, at most this many times and never waiting longer than TOO_BUSY_MAX_WAIT a
+# time; then the pass fails with the 429 and its own back-off (never sooner than Retry-After) takes over.
+TOO_BUSY_RETRIES = 3
+TOO_BUSY_MAX_WAIT = 10.0
+
+
 class KubeError(Exception):
     """The API server's answer to a call it did not take, and which call it was (verb, kind and name of the
-    object, where known: runtime.py names them in the ReconcileError condition)."""
+    object, where known: runtime.py names them in the ReconcileError condition). `retry_after`: the seconds
+    its Retry-After header asked for (429, 503), else None."""
 
-    def __init__(self, status: int, message: str, verb: str = "", kind: str = "", name: str = ""):
+    def __init__(self, status: int, message: str, verb: str = "", kind: str = "", name: str = "",
+                 retry_after: float | None = None):
         super().__init__(f"HTTP {status}: {message}")
         self.status, self.message = status, message
         self.verb, self.kind, self.name = verb, kind, name
+        self.retry_after = retry_after
+
+
+def retry_after(headers: Any) -> float | None:
+    """Retry-After in seconds (the API server sends an integer); None when absent or not a number."""
+    try:
+        value = (headers or {}).get("Retry-After")
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token: str | None = None,
@@ -108,9 +132,14 @@ class Kube:
     chart's RBAC, from the API server's audit log)."""
 
     def __init__(self, client: kubernetes.client.ApiClient,
-                 on_call: Callable[[str, str], None] | None = None):
+                 on_call: Callable[[str, str], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         self._client = client
         self._on_call = on_call  # (verb, kind) observer, used for metrics and the RBAC test
+        self._sleep = sleep
+        # Seconds within which a write must be answered (a leader's margin: leader.LeaderElector.acting_for);
+        # None: REQUEST_TIMEOUT, as for reads.
+        self.write_deadline: Callable[[], float] | None = None
 
     def _path(self, kind: str, namespace: str | None, name: str | None = None,
               subresource: str | None = None) -> str:
@@ -128,18 +157,31 @@ class Kube:
     def _call(self, verb: str, kind: str, method: str, path: str, body: Any = None,
               query: list[tuple[str, str]] | None = None, content_type: str = "application/json",
               name: str = "") -> Any:
-        if self._on_call:
-            self._on_call(verb, kind)
-        try:
-            response = self._client.call_api(
-                path, method, query_params=query or [], body=body,
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=30,
-            )
-        except kubernetes.client.exceptions.ApiException as exc:
-            raise KubeError(exc.status or 0, _message(exc.body) or str(exc.reason), verb, kind, name) from None
-        data = response[0].data if isinstance(response, tuple) else response.data
-        return json.loads(data) if data else None
+        for attempt in range(TOO_BUSY_RETRIES + 1):
+            if self._on_call:
+                self._on_call(verb, kind)
+            timeout = REQUEST_TIMEOUT
+            if method != "GET" and self.write_deadline is not None:
+                timeout = max(MIN_WRITE_TIMEOUT, min(REQUEST_TIMEOUT, self.write_deadline()))
+            try:
+                response = self._client.call_api(
+                    path, method, query_params=query or [], body=body,
+                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+                )
+            except kubernetes.client.exceptions.ApiException as exc:
+                error = KubeError(exc.status or 0, _message(exc.body) or str(exc.reason), verb, kind, name,
+                                  retry_after(exc.headers))
+                # A 429 with Retry-After was refused before it was processed (a write too), so sending it again
+                # is safe. Not the eviction API's 429: a PodDisruptionBudget's "not now", the caller's answer.
+                if (error.status == 429 and error.retry_after is not None and verb != "create/eviction"
+                        and attempt < TOO_BUSY_RETRIES and error.retry_after <= TOO_BUSY_MAX_WAIT):
+                    self._sleep(error.retry_after)
+                    continue
+                raise error from None
+            data = response[0].data if isinstance(response, tuple) else response.data
+            return json.loads(data) if data else None
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
@@ -155,12 +197,32 @@ class Kube:
 
     def list_versioned(self, kind: str, namespace: str | None = None,
                        labels: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], int]:
-        """The items and the list's resourceVersion (0 if the server gives none a number)."""
-        query = [("labelSelector", _selector(labels))] if labels else []
-        result = self._call("list", kind, "GET", self._path(kind, namespace), query=query) or {}
-        items = result.get("items", [])
+        """The items and the list's resourceVersion (0 if the server gives none a number), read in pages of
+        PAGE_SIZE: every page is of the first page's snapshot, whose resourceVersion is the list's. A
+        continue token that expired (410: the snapshot was compacted away) restarts the LIST unpaged, as
+        client-go's pager does."""
+        selector = [("labelSelector", _selector(labels))] if labels else []
+        items: list[dict[str, Any]] = []
+        version_text, token, page_size = None, "", PAGE_SIZE
+        while True:
+            query = [*selector, *([("limit", str(page_size))] if page_size else []),
+                     *([("continue", token)] if token else [])]
+            try:
+                result = self._call("list", kind, "GET", self._path(kind, namespace), query=query) or {}
+            except KubeError as exc:
+                if exc.status != 410 or not token:
+                    raise
+                items, version_text, token, page_size = [], None, "", 0  # the whole list in one response
+                continue
+            items.extend(result.get("items") or [])
+            meta = result.get("metadata") or {}
+            if version_text is None:
+                version_text = meta.get("resourceVersion")
+            token = meta.get("continue") or ""
+            if not token:
+                break
         try:
-            version = int(result.get("metadata", {}).get("resourceVersion") or 0)
+            version = int(version_text or 0)
         except ValueError:
             version = 0
         # Filtering again keeps callers correct against servers that ignore selectors.

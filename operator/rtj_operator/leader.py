@@ -129,6 +129,17 @@ class LeaderElector:
             self._leading_event.clear()
         return ok
 
+    def acting_for(self) -> float:
+        """Seconds within which a write sent now must land: until another replica may hold the Lease (the
+        lease duration after this replica's last renewal began; a follower waits at least that long on its
+        own clock). 0 when this replica does not lead. The runtime's client bounds each write's timeout by
+        it (runtime.Runtime), so a write stalled in flight cannot land long after a follower took over."""
+        with self._lock:
+            if self._renewed is None:
+                return 0.0
+            elapsed = self._clock() - self._renewed
+        return self.timing.lease - elapsed if elapsed < self.timing.renew_deadline else 0.0
+
     def wait_leading(self, timeout: float) -> bool:
         """Block up to `timeout` until this replica leads; whether it does."""
         return self.leading() or (self._leading_event.wait(timeout) and self.leading())

@@ -150,6 +150,43 @@ def pod_report(pod: dict[str, Any]) -> Report | None:
     return None
 
 
+# The fields of a report that move on while a pod trains: a report that changed only these (and its time) is
+# a refresh, which status.progress takes in at most every PROGRESS_SECONDS anyway (update_progress).
+REFRESH_FIELDS = frozenset({"at", "step", "stepAt", "stepSeconds", "ckpt", "ckptAt", "ckptSeconds",
+                            "saveStallSeconds", "inLoopSeconds", "copies"})
+
+
+def refresh_only(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether `after` is `before` with only its progress condition refreshed: the same state (the
+    condition's status and reason), nothing else of the report changed but REFRESH_FIELDS, and nothing
+    else of the pod but its resourceVersion. runtime.py wakes such a pod's job at most every
+    PROGRESS_SECONDS, not at the pace of the events: at 1000 nodes the reports would otherwise run a full
+    pass every second. A state change (recovering, finished), an in-job recovery counted, a failure or
+    any other change of the pod wakes it as before."""
+    def split(pod: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        status = dict(pod.get("status") or {})
+        conds = status.get("conditions") or []
+        found = next((c for c in conds if c.get("type") == CONDITION), None)
+        status["conditions"] = [c for c in conds if c is not found]
+        meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+        return found, {**pod, "metadata": meta, "status": status}
+
+    old, old_rest = split(before)
+    new, new_rest = split(after)
+    if old is None or new is None or old_rest != new_rest:
+        return False
+    if (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason")):
+        return False
+    try:
+        old_report, new_report = json.loads(old.get("message") or ""), json.loads(new.get("message") or "")
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(old_report, dict) or not isinstance(new_report, dict):
+        return False
+    keys = (old_report.keys() | new_report.keys()) - REFRESH_FIELDS
+    return all(old_report.get(k) == new_report.get(k) for k in keys)
+
+
 def reports(pods: list[dict[str, Any]]) -> list[Report]:
     return [r for r in map(pod_report, pods) if r is not None]
 

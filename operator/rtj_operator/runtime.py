@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import api, conditions, ladder, metrics
+from . import api, conditions, ladder, metrics, progress
 from .draft import Config, Requeue
 from .kube import Kube, KubeError
 from .leader import LeaderElector, NotLeader
@@ -187,6 +187,9 @@ class Runtime:
         self.queue = WorkQueue(clock=clock)
         self.elector = elector
         self._synced_as_leader = threading.Event()  # set once the take-over re-LIST is done
+        if elector is not None and isinstance(kube, Kube):
+            # A write sent while leading must land before a follower may take over, or time out trying.
+            kube.write_deadline = elector.acting_for
         self.writer = StoreKube(kube, self.stores, elector.leading if elector else None)
         self._workers = workers
         self._threads: list[threading.Thread] = []
@@ -326,6 +329,7 @@ class Runtime:
         if kind == "Node":
             self._observe_node(event_type, body)
             return
+        before = store.get(*ref(body)) if kind == "Pod" and event_type != "DELETED" else None
         if event_type == "DELETED":
             changed = store.delete(body)
         else:
@@ -343,6 +347,11 @@ class Runtime:
             # A new pod waits for a pass to lift the operator's scheduling gate: no coalescing, and
             # before other jobs' first passes (the release lane; docs/benchmarks.md measures it).
             self.queue.add(key, lane=RELEASE)
+        elif kind == "Pod" and before is not None and progress.refresh_only(before, store.get(*ref(body)) or body):
+            # A report that only moved its step on: its job's status takes progress in at most every
+            # PROGRESS_SECONDS, so the pass it wakes comes no more often (one 1000-node job's reports
+            # arrive several a second).
+            self.queue.add_spaced(key, progress.PROGRESS_SECONDS)
         else:
             self.queue.add_spaced(key, EVENT_SPACING)
 
@@ -436,7 +445,9 @@ class Runtime:
             self.writer.get(api.KIND, key[1], key[0])  # a stale copy: read it afresh
             self.queue.retry(key)
         elif outcome.kind == API_ERROR:
-            log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key), exc)
+            # Never sooner than a throttled call's Retry-After (kube.py already waited it out a few times).
+            at_least = getattr(exc, "retry_after", None) or 0.0
+            log.warning("pass for %s/%s failed, retrying in %.1fs: %s", *key, self.queue.retry(key, at_least), exc)
         elif outcome.kind == REJECTED:
             assert isinstance(exc, KubeError)
             self._rejected(key, exc)

@@ -8,13 +8,13 @@ deleted child cannot reset a budget or count a failure twice.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import ladder
+from .copies import clone
 
 
 def _camel(name: str) -> str:
@@ -85,8 +85,8 @@ class Ledger:
             suspended_job=bool(data.get("suspendedJob")),
             evictions_refused=list(data.get("evictionsRefused") or []),
             node_failures={str(k): int(v) for k, v in (data.get("nodeFailures") or {}).items()},
-            reports=copy.deepcopy(dict(data.get("reports") or {})),
-            events=copy.deepcopy(dict(data.get("events") or {})),
+            reports=clone(dict(data.get("reports") or {})),
+            events=clone(dict(data.get("events") or {})),
             step_at_fault=data.get("stepAtFault"),
             charge_times={str(k): [str(t) for t in v or []] for k, v in (data.get("chargeTimes") or {}).items()},
             leader_gap=data.get("leaderGap"),
@@ -117,9 +117,9 @@ class Ledger:
         if self.node_failures:
             out["nodeFailures"] = dict(self.node_failures)
         if self.reports:
-            out["reports"] = copy.deepcopy(self.reports)
+            out["reports"] = clone(self.reports)
         if self.events:
-            out["events"] = copy.deepcopy(self.events)
+            out["events"] = clone(self.events)
         if self.step_at_fault is not None:
             out["stepAtFault"] = self.step_at_fault
         if self.leader_gap:
@@ -175,7 +175,7 @@ class Status:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Status:
-        data = copy.deepcopy(data or {})
+        data = clone(data or {})
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
@@ -196,7 +196,7 @@ class Status:
                 value = value.to_dict()
             if value is None or (f.name in ("phase", "recovery", "excluded_nodes", "restart_counts") and not value):
                 continue
-            out[_camel(f.name)] = copy.deepcopy(value)
+            out[_camel(f.name)] = clone(value)
         return out
 
 

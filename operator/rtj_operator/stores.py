@@ -17,7 +17,8 @@ Consistency rules, the same for every kind:
   expires and reports no deletions in between).
 
 Stored objects are detached dicts that are replaced, never changed in place: readers must not
-mutate them (World copies what a pass may change). One lock per store.
+mutate them (World copies the few objects a pass may patch; a pass reads the pods and nodes, the bulk of it,
+as the stores hold them). One lock per store.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ from . import api
 from .copies import clone
 
 TOMBSTONE_SECONDS = 600.0
+SWEEP_SECONDS = 30.0
 DEPARTED_SECONDS = 120.0  # long past the next pass of its RTJ, which reads it
 Ref = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
+# What a pass reads of a pod's spec: where it runs, the operator's scheduling gate, and the node affinity the
+# gate lift extends with the exclusions. The rest (containers with their environment, volumes, tolerations:
+# most of a pod's bytes) is the Job's template, which the pass reads from the Job. A store of 8,000 pods
+# otherwise outgrows the chart's memory limit (issue 29).
+POD_SPEC_KEPT = frozenset({"nodeName", "schedulingGates", "affinity"})
 Indexer = Callable[[dict[str, Any]], Iterable[Hashable]]
 
 
@@ -49,10 +56,16 @@ def ref(obj: dict[str, Any]) -> Ref:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
-def detached(obj: dict[str, Any]) -> dict[str, Any]:
-    """A store's copy: managedFields (half an object's bytes) left out, nothing shared with the source."""
+def detached(obj: dict[str, Any], kind: str = "") -> dict[str, Any]:
+    """A store's copy: managedFields (half an object's bytes) left out, nothing shared with the source.
+    A pod keeps only the part of its spec a pass reads (POD_SPEC_KEPT), a node not its image list."""
     plain = {k: v for k, v in obj.items() if k != "metadata"}
     plain["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    if kind == "Pod" and isinstance(obj.get("spec"), dict):  # a LIST's items carry no kind: the store's
+        plain["spec"] = {k: v for k, v in obj["spec"].items() if k in POD_SPEC_KEPT}
+    if kind == "Node" and isinstance(obj.get("status"), dict) and "images" in obj["status"]:
+        # The images a node holds (often most of a GPU node's bytes): no pass reads them.
+        plain["status"] = {k: v for k, v in obj["status"].items() if k != "images"}
     return clone(plain)
 
 
@@ -88,6 +101,8 @@ class Store:
         self._lock = threading.Lock()
         self._objects: dict[Ref, dict[str, Any]] = {}
         self._gone: dict[str, tuple[int, float]] = {}  # uid -> (resourceVersion, when) of a deleted object
+        self._next_sweep = float("-inf")  # when _bury next sweeps old tombstones
+        self._next_departed_sweep = float("-inf")  # when _remember next sweeps old last copies
         self._indexers = indexers or {}
         self._indexes: dict[str, dict[Hashable, set[Ref]]] = {name: {} for name in self._indexers}
 
@@ -96,7 +111,7 @@ class Store:
         """Store `obj` unless an equal or newer version (or its tombstone) is there; True if stored.
         `detach=False` for an object the caller made and will not touch again."""
         with self._lock:
-            return self._put(detached(obj) if detach else obj)
+            return self._put(detached(obj, self.kind) if detach else obj)
 
     def delete(self, obj: dict[str, Any]) -> bool:
         """The object is gone; True if the store held it."""
@@ -106,7 +121,7 @@ class Store:
             if have is not None and uid and (have.get("metadata") or {}).get("uid") != uid:
                 return False  # a newer object of that name replaced it already
             last = obj if have is None or resource_version(obj) >= resource_version(have) else have
-            self._remember(detached(last) if last is obj else last)
+            self._remember(detached(last, self.kind) if last is obj else last)
             self._bury(obj)
             if have is not None:
                 self._unlink(ref(obj))
@@ -129,7 +144,7 @@ class Store:
                     self._unlink(key)
                     changed.append(have)
             for item in items:
-                copy_ = detached(item)
+                copy_ = detached(item, self.kind)
                 if self._put(copy_):
                     changed.append(copy_)
         return changed
@@ -154,8 +169,10 @@ class Store:
     def departed(self, index: str, value: Hashable) -> list[dict[str, Any]]:
         """Last copies of objects of `index` == `value` deleted in the last DEPARTED_SECONDS (kept only
         where `keep_departed` says so)."""
+        horizon = self._clock() - DEPARTED_SECONDS
         with self._lock:
-            return [obj for _, obj in self._departed.values() if value in self._indexers[index](obj)]
+            return [obj for when, obj in self._departed.values()
+                    if when >= horizon and value in self._indexers[index](obj)]
 
     def __len__(self) -> int:
         with self._lock:
@@ -194,8 +211,10 @@ class Store:
 
     def _remember(self, obj: dict[str, Any]) -> None:
         now = self._clock()
-        for old in [u for u, (when, _) in self._departed.items() if when < now - DEPARTED_SECONDS]:
-            del self._departed[old]
+        if self._departed and now >= self._next_departed_sweep:  # as _bury's sweep, at most every SWEEP_SECONDS
+            self._next_departed_sweep = now + SWEEP_SECONDS
+            for old in [u for u, (when, _) in self._departed.items() if when < now - DEPARTED_SECONDS]:
+                del self._departed[old]
         uid = (obj.get("metadata") or {}).get("uid")
         if uid and self._keep_departed is not None and self._keep_departed(obj):
             self._departed[uid] = (now, obj)
@@ -205,8 +224,11 @@ class Store:
         now = self._clock()
         if uid:
             self._gone[uid] = (resource_version(obj), now)
-        horizon = now - TOMBSTONE_SECONDS
-        if len(self._gone) > 64:
+        # Old tombstones are swept at most once per SWEEP_SECONDS: sweeping at every deletion made a 1000-pod
+        # job's deletion quadratic (each of its pods' events scanned every earlier one's tombstone).
+        if len(self._gone) > 64 and now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_SECONDS
+            horizon = now - TOMBSTONE_SECONDS
             for old in [u for u, (_, when) in self._gone.items() if when < horizon]:
                 del self._gone[old]
 

@@ -69,12 +69,13 @@ class WorkQueue:
                 return  # a pass is coming anyway
             self._add_at(key, self._started.get(key, float("-inf")) + spacing)
 
-    def retry(self, key: Key) -> float:
-        """After a failed pass: queue it again with exponential back-off; returns the delay."""
+    def retry(self, key: Key, at_least: float = 0.0) -> float:
+        """After a failed pass: queue it again with exponential back-off, never sooner than `at_least`
+        seconds (a throttled call's Retry-After); returns the delay."""
         with self._cond:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
-            delay = min(self._retry_max, self._retry_base * 2.0 ** failures)
+            delay = max(at_least, min(self._retry_max, self._retry_base * 2.0 ** failures))
             self._add_at(key, self._clock() + delay)
             return delay
 

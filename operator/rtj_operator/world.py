@@ -98,10 +98,13 @@ class World:
             pvc = None  # an existing claim is the user's: not read, not checked
         if network_policy is not None and not owned_by(network_policy, rtj.uid):
             network_policy = None  # labelled like ours, made by someone else: never patched or deleted
+        # The pods and nodes (one each per node of the job: the bulk of a pass's reading) are the stores' own
+        # objects, shared, not copied: a pass only reads them (tests/unit/test_reconcile_table.py's W.run
+        # checks every table's pass leaves them as they were). The few objects a pass may patch are copied.
         return cls(clone(rtj_body), clone(service), clone(job), clone(pvc), network_policy=clone(network_policy),
-                   pods=clone(mine), nodes={n: clone(node(n)) for n in names}, coordinator=clone(coordinator),
-                   capacity_probes=clone(probes),
-                   departed=[clone(p) for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
+                   pods=mine, nodes={n: node(n) for n in names}, coordinator=clone(coordinator),
+                   capacity_probes=probes,
+                   departed=[p for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
 
     @classmethod
     def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],

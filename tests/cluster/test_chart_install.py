@@ -85,3 +85,25 @@ def test_the_operator_needs_no_permission_beyond_the_chart(cluster, kube, ns, op
                  ("watch", "nodes", None), ("watch", "pods", None), ("create", "services", None),
                  ("create", "networkpolicies", None), ("watch", "networkpolicies", None)]:
         assert call in done, (call, sorted(done, key=str))
+
+
+def test_the_operators_requests_have_a_priority_level_of_their_own(cluster):
+    """API Priority and Fairness (values.apiPriority): the API server took the chart's FlowSchemas, each
+    names a priority level the server has (a dangling one would classify nothing), and their subject is the
+    ServiceAccount the chart's Deployment runs the operator as, so its requests no longer share workload-low
+    with the worker pods' reports. The local control plane runs with APF's filter off (benchmarks send
+    thousands of requests from one client), so the throttling itself is not exercised here."""
+    flow = "/apis/flowcontrol.apiserver.k8s.io/v1"
+    deployment = cluster.api("GET", f"/apis/apps/v1/namespaces/{RELEASE_NS}/deployments/{RELEASE}")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    levels = {pl["metadata"]["name"] for pl in cluster.api("GET", f"{flow}/prioritylevelconfigurations")["items"]}
+    schemas = {fs["metadata"]["name"]: fs["spec"] for fs in cluster.api("GET", f"{flow}/flowschemas")["items"]}
+    ours = {name: spec for name, spec in schemas.items() if name.startswith(RELEASE)}
+    assert {spec["priorityLevelConfiguration"]["name"] for spec in ours.values()} == {"workload-high",
+                                                                                     "leader-election"}
+    assert {spec["priorityLevelConfiguration"]["name"] for spec in ours.values()} <= levels
+    for spec in ours.values():
+        assert spec["rules"][0]["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+            "name": account, "namespace": RELEASE_NS}}]
+        # Before the FlowSchema every other ServiceAccount's requests (the worker pods' reports) fall into.
+        assert spec["matchingPrecedence"] < schemas["service-accounts"]["matchingPrecedence"]

@@ -13,6 +13,7 @@ import pytest
 
 from clusterkit import Job, start_operator, wait_passes
 from rtj_dev.operator_thread import OperatorThread
+from rtj_operator import api
 from rtj_operator.kube import Kube, KubeError, configure
 from rtj_operator.leader import LeaderElector, Timing
 from testkit import RELEASE, RELEASE_NS, wait_until
@@ -180,6 +181,47 @@ def test_a_leader_stalled_mid_recovery_hands_over_and_the_fault_is_counted_once(
         st = rtj.status()
         assert (st["attempt"], st["jobRestarts"], st.get("restartsByTier", {}).get("GangRestart")) == (2, 1, 1), st
         assert b_calls.writes() and not a.runtime.leading()
+    finally:
+        release.set()
+        stop(a, b)
+
+
+def test_a_suspend_that_lands_after_its_leader_lost_the_lease_is_lifted_by_the_next_leader(
+        cluster, kube, ns, operator_token, lease):
+    """Issue 29.7, a write from a leader that lost the Lease: the user suspends the job, the leader's Job
+    patch (suspend) is in flight when it stalls and loses the Lease, the user resumes the job meanwhile, and
+    the stalled patch lands after the follower took over. The old leader's status write never goes out
+    (NotLeader), so status does not say the operator suspended the Job. Before, the new leader took that Job
+    for someone else's (SuspendedExternally) and waited for ever; the Job's own mark
+    (training.rtj.dev/suspended-by, written with the suspend) now says whose it is, and the new leader
+    resumes it."""
+    stalled, release = threading.Event(), threading.Event()
+    armed = threading.Event()
+
+    def stall(verb: str, kind: str) -> None:
+        if armed.is_set() and (verb, kind) == ("patch", "Job") and not stalled.is_set():
+            stalled.set()
+            release.wait(60)
+
+    a, a_elector, _, b, _ = leader_and_follower(cluster, operator_token, ns, hook=stall)
+    try:
+        rtj = running_rtj(kube, ns)
+        armed.set()
+        rtj.patch({"suspend": True})
+        wait_until(stalled.is_set, timeout=30, what="the leader's suspend of the Job, in flight")
+        a_elector.kube = Unreachable()
+        wait_until(b.runtime.leading, timeout=TIMING.lease + TIMING.renew_deadline + 5, what="b leads")
+        rtj.patch({"suspend": False})  # the user changes their mind: nothing for b to do yet
+        wait_passes(2, "passes of b")
+        job = rtj.job()
+        assert not job["spec"].get("suspend")
+        generation = job["metadata"]["generation"]
+        release.set()  # the stale suspend lands now: the Job's spec changes twice, suspended then resumed
+        wait_until(lambda: (j := rtj.job())["metadata"]["generation"] >= generation + 2 and not j["spec"].get(
+            "suspend"), timeout=30, what="the stale suspend landed and b resumed the Job")
+        st = rtj.wait_running(nodes=2, timeout=60)
+        assert st["phase"] == "Running" and not st.get("recovery", {}).get("suspendedJob"), st
+        assert api.ANNOTATION_SUSPENDED_BY not in (rtj.job()["metadata"].get("annotations") or {})
     finally:
         release.set()
         stop(a, b)

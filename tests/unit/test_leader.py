@@ -247,3 +247,38 @@ def test_a_replica_that_stops_leading_exports_no_jobs_series():
     assert not elector.leading() and REGISTRY.get_sample_value("rtj_leader") == 0
     assert 'name="led"' not in generate_latest(REGISTRY).decode()
     assert REGISTRY.get_sample_value("rtj_jobs", {"phase": "Running"}) == 0
+
+
+def test_a_leaders_writes_must_land_before_a_follower_may_take_over():
+    """Issue 29.7: a write stalled in flight (a paused process, a slow network) must not land long after a
+    follower took over. The runtime's client bounds each write's timeout by what is left of the lease
+    duration since the leader's last renewal began; reads keep the full timeout."""
+    import kubernetes
+
+    from rtj_operator.kube import Kube
+    from rtj_operator.runtime import Runtime
+
+    leases, clock = Leases(), Clock()
+    a, _ = electors(leases, clock)
+    assert a.acting_for() == 0.0  # not leading: nothing may be sent
+    a.step()
+    clock.now += 4.0
+    assert a.acting_for() == pytest.approx(11.0)  # 15 s of lease, 4 s since the renewal began
+    clock.now += 6.0
+    assert a.acting_for() == 0.0  # past the renew deadline: not leading any more
+
+    timeouts: list[tuple[str, float]] = []
+
+    class Client:
+        def call_api(self, path: str, method: str, **kwargs: Any) -> Any:
+            timeouts.append((method, kwargs["_request_timeout"]))
+            return kubernetes.client.rest.RESTResponse(type("R", (), {"status": 200, "reason": "OK", "data": b"{}",
+                                                                        "headers": {}})())
+
+    kube = Kube(Client())  # type: ignore[arg-type]
+    Runtime(kube, workers=0, clock=clock, elector=a)
+    a.step()  # renewed now
+    clock.now += 3.0
+    kube.get("Pod", "p", "ns")
+    kube.patch("Pod", "p", "ns", {})
+    assert timeouts == [("GET", 30.0), ("PATCH", pytest.approx(12.0))]

@@ -10,7 +10,7 @@ import datetime
 from typing import Any
 
 import pytest
-from test_reconcile_table import NOW, W, node, pod, reasons, ts, verbs
+from test_reconcile_table import NOW, RESUME, SUSPEND, W, node, pod, reasons, ts, verbs
 
 from rtj_operator import api, health, ladder
 from rtj_operator.actions import EVICT, PATCH, UNGATE
@@ -572,20 +572,27 @@ def test_a_job_suspended_by_someone_else_is_not_fought_over():
     assert {c["type"]: c for c in intent.status.conditions}["Running"]["reason"] == "SuspendedExternally"
 
 
-def test_a_job_the_operator_suspended_is_resumed_by_it():
+@pytest.mark.parametrize("status_says, job_says", [
+    (True, False),  # status recorded the suspend (a Job an earlier version suspended carries no mark)
+    (False, True),  # the Job's mark: the status write after the suspend was lost (an old leader's, a crash)
+    (True, True),
+])
+def test_a_job_the_operator_suspended_is_resumed_by_it(status_says: bool, job_says: bool):
     w = W()
     w.world.job["spec"]["suspend"] = True
-    w.status(recovery={"suspendedJob": True})
+    if job_says:
+        w.world.job["metadata"].setdefault("annotations", {})[api.ANNOTATION_SUSPENDED_BY] = api.MANAGER
+    w.status(recovery={"suspendedJob": status_says})
     intent = w.run()
-    assert [(a.verb, a.body) for a in intent.actions if a.kind == "Job"] == [(PATCH, {"spec": {"suspend": False}})]
+    assert [(a.verb, a.body) for a in intent.actions if a.kind == "Job"] == [(PATCH, RESUME)]
     assert not intent.status.recovery.suspended_job
 
 
-def test_suspending_records_that_the_operator_did_it():
+def test_suspending_records_that_the_operator_did_it_in_status_and_on_the_job():
     w = W(suspend=True)
     w.world.job["spec"]["suspend"] = False  # running when the user suspends
     intent = w.run()
-    assert [(a.verb, a.body) for a in intent.actions if a.kind == "Job"] == [(PATCH, {"spec": {"suspend": True}})]
+    assert [(a.verb, a.body) for a in intent.actions if a.kind == "Job"] == [(PATCH, SUSPEND)]
     assert intent.status.recovery.suspended_job
 
 

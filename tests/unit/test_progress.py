@@ -322,3 +322,34 @@ def test_an_operator_recovery_learns_where_the_new_pods_restored_from_their_slow
                                                restoredFrom="peer", restoreSeconds=1.5))
     last = again(w, intent, NOW + datetime.timedelta(seconds=5)).status.last_recovery
     assert (last["restoredFrom"], last["restoreSeconds"], last["stepsRolledBack"]) == ("peer", 1.5, 8)
+
+
+def _reported(data: dict[str, Any] | str, rv: int = 10, reason: str = "Training", **pod_changes: Any) -> dict[str, Any]:
+    p = reporting(pod(0, "Running"), data)
+    p["metadata"]["resourceVersion"] = str(rv)
+    p["status"]["conditions"][-1]["reason"] = reason
+    for key, value in pod_changes.items():
+        p["status"][key] = value
+    return p
+
+
+@pytest.mark.parametrize("after, refresh", [
+    # the step, the checkpoint and their times moved on: a refresh (woken at most every PROGRESS_SECONDS)
+    (_reported(report(step=140, at=0.0, ckpt=130, ckptAt=T, inLoopSeconds=20.0), rv=11), True),
+    # an in-job recovery counted: at the pace of events
+    (_reported(report(**in_process(1)), rv=11), False),
+    # recovering now (the worker's urgent write)
+    (_reported(report(recovering={"tier": "Launcher", "cause": "Crash", "at": T}), rv=11), False),
+    # the state changed
+    (_reported(report(step=140, state="Finished"), rv=11, reason="Finished"), False),
+    # something else of the pod changed with it (here its phase)
+    (_reported(report(step=140), rv=11, phase="Failed"), False),
+    # a report that cannot be read
+    (_reported("not json", rv=11), False),
+])
+def test_a_report_that_only_moves_the_step_on_is_a_refresh(after: dict[str, Any], refresh: bool):
+    assert progress.refresh_only(_reported(report(step=100)), after) is refresh
+
+
+def test_a_first_report_is_not_a_refresh():
+    assert not progress.refresh_only(pod(0, "Running"), _reported(report()))

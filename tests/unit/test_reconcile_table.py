@@ -29,6 +29,11 @@ from testkit import rtj_body
 NOW = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
 
 
+# The operator's Job suspend and resume: the suspend marked on the Job in the same write (api.ANNOTATION_SUSPENDED_BY).
+SUSPEND = {"spec": {"suspend": True}, "metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY: api.MANAGER}}}
+RESUME = {"spec": {"suspend": False}, "metadata": {"annotations": {api.ANNOTATION_SUSPENDED_BY: None}}}
+
+
 def ts(seconds_ago: float) -> str:
     return (NOW - datetime.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -104,7 +109,13 @@ class W:
         return self
 
     def run(self, now: datetime.datetime = NOW):
-        return reconcile(copy.deepcopy(self.world), now)
+        world = copy.deepcopy(self.world)
+        # The pods and nodes a pass reads are the stores' own objects (World.assemble shares them): no pass of
+        # any table here may change them.
+        shared = copy.deepcopy((world.pods, world.nodes, world.capacity_probes, world.departed))
+        intent = reconcile(world, now)
+        assert (world.pods, world.nodes, world.capacity_probes, world.departed) == shared, "a pass changed them"
+        return intent
 
 
 def verbs(intent) -> list[tuple[str, str]]:
@@ -212,7 +223,7 @@ def test_suspend_patches_the_running_job_and_a_budget_edit_changes_nothing_in_it
     w = W(suspend=True, restartBudget={"maxRestarts": 5})
     w.world.job = owned(build_job(RTJ.from_body(rtj_body()), 1), w.body, "job-uid")
     coordinator, patch = w.run().actions
-    assert (patch.verb, patch.body) == (PATCH, {"spec": {"suspend": True}})  # the budget is the operator's
+    assert (patch.verb, patch.body) == (PATCH, SUSPEND)  # the budget is the operator's
     assert patch.event[1] == "Suspended" and (coordinator.verb, coordinator.kind) == (DELETE, "Pod")
 
 
@@ -405,7 +416,7 @@ def test_a_permanent_failure_fails_the_job_then_its_gang_is_suspended(code, reas
     assert failed.status.job_restarts == 0
     w.body["status"] = failed.status.to_dict()
     suspend, coordinator = w.run().actions
-    assert (suspend.verb, suspend.body) == (PATCH, {"spec": {"suspend": True}})
+    assert (suspend.verb, suspend.body) == (PATCH, {"spec": {"suspend": True}})  # terminal: never resumed
     assert (coordinator.verb, coordinator.kind) == (DELETE, "Pod")
 
 
@@ -572,7 +583,7 @@ def test_after_capacity_suspend_seconds_the_gang_is_suspended_to_release_its_nod
     assert condition(decided, "WaitingForCapacity")["reason"] == "SuspendedForCapacity"  # with the decision
     w.body["status"] = decided.status.to_dict()
     coordinator, *made, patch = w.run().actions
-    assert patch.body == {"spec": {"suspend": True}} and "WaitingForCapacity" in patch.event[2]
+    assert patch.body == SUSPEND and "WaitingForCapacity" in patch.event[2]
     assert (coordinator.verb, coordinator.kind) == (DELETE, "Pod")  # the gang's rendezvous goes with it
     # One capacity probe per node, made before the Job is suspended: pending, they ask for room.
     assert [(a.verb, a.name) for a in made] == [(CREATE, "train-capacity-0"), (CREATE, "train-capacity-1")]
@@ -623,7 +634,7 @@ def test_a_gang_suspended_for_capacity_resumes_once_every_capacity_probe_is_plac
     w.body["status"] = decided.status.to_dict()
     *deleted, patch = w.run().actions
     assert [(a.verb, a.name) for a in deleted] == [(DELETE, "train-capacity-0"), (DELETE, "train-capacity-1")]
-    assert patch.body == {"spec": {"suspend": False}}  # after the probes free their nodes
+    assert patch.body == RESUME  # after the probes free their nodes
 
 
 def test_a_probe_that_ended_or_was_built_from_another_spec_is_made_again():

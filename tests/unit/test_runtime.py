@@ -5,6 +5,7 @@ answers LISTs from memory; no worker threads unless a test starts them."""
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from test_reconcile_table import NOW, W, ts
 
-from rtj_operator import api
+from rtj_operator import api, progress
 from rtj_operator.actions import Result
 from rtj_operator.conditions import get_condition
 from rtj_operator.kube import KubeError
@@ -199,6 +200,31 @@ def test_a_failure_jumps_the_queue_and_other_events_coalesce(runtime: Runtime) -
     assert runtime.queue.pending(("ns", "b")) == "delayed" and runtime.queue.depth() == 0
     runtime._clock.now += EVENT_SPACING  # type: ignore[attr-defined]
     assert drain(runtime) == [("ns", "b")]  # two events, one pass
+
+
+def reporting(p: dict[str, Any], step: int, state: str = "Training") -> dict[str, Any]:
+    report = {"v": 1, "state": state, "step": step, "stepAt": 1000.0 + step, "at": 1000.0 + step,
+              "restarts": {"InProcess": 0, "Launcher": 0}}
+    p["status"]["conditions"] = [{"type": progress.CONDITION, "status": str(state == "Training"), "reason": state,
+                                  "message": json.dumps(report)}]
+    return p
+
+
+def test_reports_that_only_move_the_step_on_wake_the_job_at_most_every_progress_seconds(runtime: Runtime) -> None:
+    """At 1000 nodes the pods' reports arrive several a second: each one waking a pass (spaced EVENT_SPACING)
+    would keep a core busy. A refresh wakes the job no sooner than PROGRESS_SECONDS after its last pass began
+    (status.progress is rewritten no more often anyway); a change of state wakes it as any event does."""
+    key = ("ns", "b")
+    runtime.observe("Pod", "MODIFIED", reporting(pod("b", 12, node="n2"), step=10))  # the first report
+    assert drain(runtime) == [key]
+    runtime.observe("Pod", "MODIFIED", reporting(pod("b", 13, node="n2"), step=20))
+    runtime._clock.now += EVENT_SPACING  # type: ignore[attr-defined]
+    assert drain(runtime) == []  # a refresh: not at EVENT_SPACING ...
+    runtime._clock.now += progress.PROGRESS_SECONDS - EVENT_SPACING  # type: ignore[attr-defined]
+    assert drain(runtime) == [key]  # ... but PROGRESS_SECONDS after the last pass began
+    runtime.observe("Pod", "MODIFIED", reporting(pod("b", 14, node="n2"), step=30, state="Recovering"))
+    runtime._clock.now += EVENT_SPACING  # type: ignore[attr-defined]
+    assert drain(runtime) == [key]  # a new state: at the events' pace
 
 
 def test_the_echo_of_the_operators_own_write_wakes_no_one(runtime: Runtime) -> None:

@@ -4,6 +4,7 @@ on the local control plane."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -83,6 +84,25 @@ def test_copies_are_detached_and_lean(pods: Store) -> None:
     source["status"]["phase"] = "Failed"
     stored = pods.get("ns", "a")
     assert stored["status"]["phase"] == "Running" and "managedFields" not in stored["metadata"]
+
+
+def test_a_pod_keeps_only_the_spec_a_pass_reads_from_a_watch_or_a_list(pods: Store) -> None:
+    """Containers, volumes and tolerations are most of a pod's bytes and the Job's template has them: a store
+    of thousands of pods keeps where each runs, the operator's gate and the node affinity the gate lift
+    extends. A LIST's items carry no kind: the store's kind decides."""
+    spec = {"nodeName": "n1", "schedulingGates": [{"name": api.SCHEDULING_GATE}], "affinity": {"nodeAffinity": {}},
+            "containers": [{"name": "worker", "env": [{"name": "X", "value": "1" * 1000}]}],
+            "volumes": [{"name": "ckpt"}], "tolerations": [{"key": "nvidia.com/gpu"}]}
+    pods.put({**pod("a", 1), "spec": copy.deepcopy(spec)})
+    listed = {**pod("b", 2), "spec": copy.deepcopy(spec)}
+    del listed["kind"]
+    pods.replace([listed], 0)  # a LIST older than "a": "a" stays
+    for name in "ab":
+        assert pods.get("ns", name)["spec"] == {k: spec[k] for k in ("nodeName", "schedulingGates", "affinity")}
+    jobs = Stores(clock=Clock(0.0)).jobs
+    jobs.put({"kind": "Job", "metadata": {"name": "j", "namespace": "ns", "uid": "j", "resourceVersion": "1"},
+              "spec": {"template": {"spec": spec}}})
+    assert jobs.get("ns", "j")["spec"]["template"]["spec"] == spec  # only pods are trimmed
 
 
 def test_pods_are_found_by_node(pods: Store) -> None:
@@ -181,8 +201,35 @@ def test_a_deleted_pods_last_words_outlive_it_for_a_while() -> None:
     pods.replace([], 30)  # gone by a LIST: its last copy kept too
     assert names(pods.departed("rtj", ("ns", "train"))) == ["a", "c"]
     clock.now += 121
-    pods.delete(ended("d", 40, "y"))  # any deletion forgets what is older than DEPARTED_SECONDS
+    assert pods.departed("rtj", ("ns", "train")) == []  # older than DEPARTED_SECONDS: not read, deletion or not
+    pods.delete(ended("d", 40, "y"))
     assert names(pods.departed("rtj", ("ns", "train"))) == ["d"]
+
+
+def test_deleting_a_thousand_pods_sweeps_old_tombstones_not_at_every_deletion() -> None:
+    """A 1000-node job deleted (or suspended) sends a deletion per pod: sweeping every tombstone at each of
+    them was quadratic. The sweep runs at most every SWEEP_SECONDS; what it sweeps is still only what is
+    older than TOMBSTONE_SECONDS, and a tombstone still refuses an older copy until then."""
+    from rtj_operator import stores as stores_module
+    clock = Clock(0.0)
+    store = Stores(clock=clock).pods
+    sweeps = []
+    gone = store._gone
+
+    class Counting(dict):
+        def items(self):  # the sweep's scan
+            sweeps.append(clock.now)
+            return super().items()
+
+    store._gone = Counting(gone)
+    for i in range(1000):
+        store.put(pod(f"p{i}", 10 + i))
+        store.delete(pod(f"p{i}", 5000 + i))
+    assert len(sweeps) <= 1
+    assert not store.put(pod("p0", 20))  # an older copy of a deleted pod stays buried
+    clock.now += stores_module.TOMBSTONE_SECONDS + stores_module.SWEEP_SECONDS
+    store.delete(pod("q", 9000))
+    assert len(sweeps) == 2 and set(store._gone) == {"uid-q"}
 
 
 def test_a_pass_reads_the_last_words_of_its_current_jobs_pods_only() -> None:

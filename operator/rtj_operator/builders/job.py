@@ -299,7 +299,10 @@ def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None, grace: in
             # With a queue, Kueue admits the Job (its webhook suspends it at creation, its controller
             # un-suspends it once the gang's quota is reserved).
             "labels": {**labels(rtj, "workers"), **rtj.queue_labels},
-            "annotations": {api.LABEL_ATTEMPT: str(attempt), api.ANNOTATION_NODES: str(rtj.nodes)},
+            "annotations": {api.LABEL_ATTEMPT: str(attempt), api.ANNOTATION_NODES: str(rtj.nodes),
+                            # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's).
+                            **({api.ANNOTATION_SUSPENDED_BY: api.MANAGER}
+                               if rtj.spec["suspend"] and not rtj.queue_name else {})},
         },
         "spec": {
             "completionMode": "Indexed",

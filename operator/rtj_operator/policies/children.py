@@ -31,7 +31,7 @@ from . import grace, interval
 from .kueue import queued
 from .phase import TERMINAL
 from .placement import gang_probes
-from .pods import coordinator_attempt, is_current, job_attempt
+from .pods import coordinator_attempt, is_current, job_attempt, suspended_by_operator
 
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
@@ -167,12 +167,14 @@ def ensure_job(d: Draft) -> None:
     event = None
     is_suspended = bool(job["spec"].get("suspend"))
     # A queue owns Job.spec.suspend (Kueue admits, preempts, re-queues: ensure_queue). Without one, the
-    # operator resumes only a Job it suspended itself: one suspended by someone else (a queue that adds
-    # its own label, a person) is waited for, never fought over (reconcile.observe reports it).
+    # operator resumes only a Job it suspended itself, as its status or the Job's own mark says (a suspend
+    # whose status write was lost: a leader that lost its Lease mid-write): one suspended by someone else
+    # (a queue that adds its own label, a person) is waited for, never fought over (phase.py says so).
     if queued(d):
         ledger.suspended_job = False
-    elif is_suspended != suspend and (suspend or ledger.suspended_job):
+    elif is_suspended != suspend and (suspend or ledger.suspended_job or suspended_by_operator(job)):
         patch["spec"] = {"suspend": suspend}
+        patch["metadata"] = {"annotations": {api.ANNOTATION_SUSPENDED_BY: api.MANAGER if suspend else None}}
         ledger.suspended_job = suspend
         why = " to release its nodes: a pod of it finds no node (WaitingForCapacity)" if for_capacity else ""
         event = ("Normal", "Suspended" if suspend else "Resumed",
@@ -185,7 +187,7 @@ def ensure_job(d: Draft) -> None:
         # A Job an earlier operator made (a hash of its whole spec): adopted as it runs, so an upgrade
         # restarts no gang; from now on its template is compared. Its Job-wide backoffLimit (the old
         # backstop, maxRestarts + 1) would fail it for failures the operator excuses: lifted.
-        patch["metadata"] = {"annotations": {api.ANNOTATION_TEMPLATE_HASH: want}}
+        patch.setdefault("metadata", {}).setdefault("annotations", {})[api.ANNOTATION_TEMPLATE_HASH] = want
         if job["spec"].get("backoffLimitPerIndex") is None:
             patch.setdefault("spec", {})["backoffLimit"] = PER_INDEX_LIMIT
     if patch:

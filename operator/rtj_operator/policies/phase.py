@@ -25,7 +25,7 @@ from ..conditions import (
 from ..draft import Draft
 from . import grace, interval
 from .kueue import queued
-from .pods import is_current, job_attempt, job_nodes, ready_since, running_ready
+from .pods import is_current, job_attempt, job_nodes, ready_since, running_ready, suspended_by_operator
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -115,7 +115,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
         status.phase = "Queued"
         d.cond(RUNNING, False, "Queued", (conditions.get_condition(status.conditions, QUEUED) or {}).get(
             "message") or "waiting in its queue")
-    elif held and not ledger.suspended_job:
+    elif held and not (ledger.suspended_job or suspended_by_operator(job)):
         status.phase = "Queued"
         d.cond(RUNNING, False, "SuspendedExternally", f"Job {job_name(rtj)} was suspended by someone other than "
                "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")

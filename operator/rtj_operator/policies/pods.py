@@ -22,6 +22,12 @@ def job_attempt(job: dict[str, Any]) -> int:
         return 1
 
 
+def suspended_by_operator(job: dict[str, Any] | None) -> bool:
+    """Whether the Job says this operator suspended it (api.ANNOTATION_SUSPENDED_BY)."""
+    annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(api.ANNOTATION_SUSPENDED_BY) == api.MANAGER
+
+
 def coordinator_attempt(pod: dict[str, Any]) -> int:
     """The gang attempt a coordinator pod was made for (its label; 0 if unreadable: an old one)."""
     return int((pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
