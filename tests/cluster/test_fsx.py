@@ -134,7 +134,10 @@ def test_operator_holds_the_job_pending_until_storage_is_ready(aws, cluster, kub
         cond = wait_until(lambda: job.condition("StorageReady"), what="StorageReady")
         assert cond["status"] == "False" and cond["reason"] == "FileSystemNotAvailable"
         assert job.job() is None and job.status()["phase"] == "Pending"
-        assert [e["reason"] for e in job.events() if e["type"] == "Warning"] == ["FileSystemNotAvailable"]
+        # The pass posts its events after its status write: the condition can be read a moment before them.
+        warnings = wait_until(lambda: [e["reason"] for e in job.events() if e["type"] == "Warning"], timeout=10,
+                              what="the pass's Warning event")
+        assert warnings == ["FileSystemNotAvailable"]
 
         fsx_models.fsx_backends["123456789012"][REGION].file_systems[fs_id].lifecycle = "AVAILABLE"
         job.wait_running()
