@@ -123,8 +123,7 @@ class LeaderElector:
 
     # --- reading --------------------------------------------------------------------------------
     def leading(self) -> bool:
-        with self._lock:
-            ok = self._renewed is not None and self._clock() - self._renewed < self.timing.renew_deadline
+        ok = self.acting_for() > 0  # within renew_deadline of the last renewal's start (< the lease duration)
         if not ok and self._leading_event.is_set():
             self._leading_event.clear()
         return ok

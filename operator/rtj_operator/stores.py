@@ -101,8 +101,7 @@ class Store:
         self._lock = threading.Lock()
         self._objects: dict[Ref, dict[str, Any]] = {}
         self._gone: dict[str, tuple[int, float]] = {}  # uid -> (resourceVersion, when) of a deleted object
-        self._next_sweep = float("-inf")  # when _bury next sweeps old tombstones
-        self._next_departed_sweep = float("-inf")  # when _remember next sweeps old last copies
+        self._next_sweep = float("-inf")  # when _sweep next drops old tombstones and last copies
         self._indexers = indexers or {}
         self._indexes: dict[str, dict[Hashable, set[Ref]]] = {name: {} for name in self._indexers}
 
@@ -211,10 +210,7 @@ class Store:
 
     def _remember(self, obj: dict[str, Any]) -> None:
         now = self._clock()
-        if self._departed and now >= self._next_departed_sweep:  # as _bury's sweep, at most every SWEEP_SECONDS
-            self._next_departed_sweep = now + SWEEP_SECONDS
-            for old in [u for u, (when, _) in self._departed.items() if when < now - DEPARTED_SECONDS]:
-                del self._departed[old]
+        self._sweep(now)
         uid = (obj.get("metadata") or {}).get("uid")
         if uid and self._keep_departed is not None and self._keep_departed(obj):
             self._departed[uid] = (now, obj)
@@ -224,12 +220,19 @@ class Store:
         now = self._clock()
         if uid:
             self._gone[uid] = (resource_version(obj), now)
-        # Old tombstones are swept at most once per SWEEP_SECONDS: sweeping at every deletion made a 1000-pod
-        # job's deletion quadratic (each of its pods' events scanned every earlier one's tombstone).
-        if len(self._gone) > 64 and now >= self._next_sweep:
-            self._next_sweep = now + SWEEP_SECONDS
-            horizon = now - TOMBSTONE_SECONDS
-            for old in [u for u, (_, when) in self._gone.items() if when < horizon]:
+        self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Drop last copies older than DEPARTED_SECONDS and (past 64 of them) tombstones older than
+        TOMBSTONE_SECONDS, at most once per SWEEP_SECONDS: sweeping at every deletion made a 1000-pod job's
+        deletion quadratic (each of its pods' events scanned every earlier one's)."""
+        if now < self._next_sweep or not (self._departed or len(self._gone) > 64):
+            return
+        self._next_sweep = now + SWEEP_SECONDS
+        for old in [u for u, (when, _) in self._departed.items() if when < now - DEPARTED_SECONDS]:
+            del self._departed[old]
+        if len(self._gone) > 64:
+            for old in [u for u, (_, when) in self._gone.items() if when < now - TOMBSTONE_SECONDS]:
                 del self._gone[old]
 
 

@@ -42,6 +42,20 @@ class Calls:
             return {verb for _, verb, _ in self.calls}
 
 
+class Stall:
+    """A replica's API-call hook that, once `armed`, holds its first `verb` of `kind` (as a process paused by
+    the kernel or a GC would, the call not yet sent) until `release`, up to 60 s; `stalled` once holding."""
+
+    def __init__(self, verb: str, kind: str):
+        self.call = (verb, kind)
+        self.armed, self.stalled, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def __call__(self, verb: str, kind: str) -> None:
+        if self.armed.is_set() and (verb, kind) == self.call and not self.stalled.is_set():
+            self.stalled.set()
+            self.release.wait(60)
+
+
 class Unreachable:
     """The API server as a partitioned replica sees it, for its Lease calls."""
 
@@ -151,28 +165,22 @@ def test_a_leader_stalled_mid_recovery_hands_over_and_the_fault_is_counted_once(
     delete), as a process paused by the kernel or a GC would, then loses the Lease. The follower carries
     out the recorded decision; when the stalled call goes through at last, its UID precondition makes it
     a no-op. One charge, one new gang (attempt 2), its pods running."""
-    stalled, release = threading.Event(), threading.Event()
-    armed = threading.Event()
-
-    def stall(verb: str, kind: str) -> None:
-        if armed.is_set() and (verb, kind) == ("delete", "Job") and not stalled.is_set():
-            stalled.set()
-            release.wait(60)
+    stall = Stall("delete", "Job")
 
     a, a_elector, _, b, b_calls = leader_and_follower(cluster, operator_token, ns, hook=stall)
     try:
         rtj = running_rtj(kube, ns)
         old_job = rtj.job()["metadata"]["uid"]
-        armed.set()
+        stall.armed.set()
         rtj.exit_pod(rtj.running_pods()[0], 71)  # the rendezvous failed: only a new gang helps
-        wait_until(stalled.is_set, timeout=30, what="the leader at its first action of the new gang")
+        wait_until(stall.stalled.is_set, timeout=30, what="the leader at its first action of the new gang")
         assert rtj.status()["attempt"] == 2 and rtj.status()["jobRestarts"] == 1, rtj.status()  # decided
         a_elector.kube = Unreachable()
         wait_until(b.runtime.leading, timeout=TIMING.lease + TIMING.renew_deadline + 5, what="b leads")
         wait_until(lambda: (job := rtj.job()) is not None and job["metadata"]["uid"] != old_job, timeout=60,
                    what="the follower's new gang")
         st = rtj.wait_running(nodes=2, timeout=60)
-        release.set()  # the stalled delete goes through now: a 409 on its precondition, nothing deleted
+        stall.release.set()  # the stalled delete goes through now: a 409 on its precondition, nothing deleted
         wait_until(lambda: a.runtime.queue.pending((ns, rtj.name)) != "processing", timeout=30,
                    what="the stalled pass of a ended")
         wait_passes(2, "passes of b after it")
@@ -182,7 +190,7 @@ def test_a_leader_stalled_mid_recovery_hands_over_and_the_fault_is_counted_once(
         assert (st["attempt"], st["jobRestarts"], st.get("restartsByTier", {}).get("GangRestart")) == (2, 1, 1), st
         assert b_calls.writes() and not a.runtime.leading()
     finally:
-        release.set()
+        stall.release.set()
         stop(a, b)
 
 
@@ -195,20 +203,14 @@ def test_a_suspend_that_lands_after_its_leader_lost_the_lease_is_lifted_by_the_n
     for someone else's (SuspendedExternally) and waited for ever; the Job's own mark
     (training.rtj.dev/suspended-by, written with the suspend) now says whose it is, and the new leader
     resumes it."""
-    stalled, release = threading.Event(), threading.Event()
-    armed = threading.Event()
-
-    def stall(verb: str, kind: str) -> None:
-        if armed.is_set() and (verb, kind) == ("patch", "Job") and not stalled.is_set():
-            stalled.set()
-            release.wait(60)
+    stall = Stall("patch", "Job")
 
     a, a_elector, _, b, _ = leader_and_follower(cluster, operator_token, ns, hook=stall)
     try:
         rtj = running_rtj(kube, ns)
-        armed.set()
+        stall.armed.set()
         rtj.patch({"suspend": True})
-        wait_until(stalled.is_set, timeout=30, what="the leader's suspend of the Job, in flight")
+        wait_until(stall.stalled.is_set, timeout=30, what="the leader's suspend of the Job, in flight")
         a_elector.kube = Unreachable()
         wait_until(b.runtime.leading, timeout=TIMING.lease + TIMING.renew_deadline + 5, what="b leads")
         rtj.patch({"suspend": False})  # the user changes their mind: nothing for b to do yet
@@ -216,12 +218,12 @@ def test_a_suspend_that_lands_after_its_leader_lost_the_lease_is_lifted_by_the_n
         job = rtj.job()
         assert not job["spec"].get("suspend")
         generation = job["metadata"]["generation"]
-        release.set()  # the stale suspend lands now: the Job's spec changes twice, suspended then resumed
+        stall.release.set()  # the stale suspend lands now: the Job's spec changes twice, suspended then resumed
         wait_until(lambda: (j := rtj.job())["metadata"]["generation"] >= generation + 2 and not j["spec"].get(
             "suspend"), timeout=30, what="the stale suspend landed and b resumed the Job")
         st = rtj.wait_running(nodes=2, timeout=60)
         assert st["phase"] == "Running" and not st.get("recovery", {}).get("suspendedJob"), st
         assert api.ANNOTATION_SUSPENDED_BY not in (rtj.job()["metadata"].get("annotations") or {})
     finally:
-        release.set()
+        stall.release.set()
         stop(a, b)

@@ -172,7 +172,7 @@ def ensure_job(d: Draft) -> None:
     # (a queue that adds its own label, a person) is waited for, never fought over (phase.py says so).
     if queued(d):
         ledger.suspended_job = False
-    elif is_suspended != suspend and (suspend or ledger.suspended_job or suspended_by_operator(job)):
+    elif is_suspended != suspend and (suspend or suspended_by_operator(job, ledger.suspended_job)):
         patch["spec"] = {"suspend": suspend}
         patch["metadata"] = {"annotations": {api.ANNOTATION_SUSPENDED_BY: api.MANAGER if suspend else None}}
         ledger.suspended_job = suspend

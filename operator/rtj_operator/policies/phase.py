@@ -115,7 +115,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
         status.phase = "Queued"
         d.cond(RUNNING, False, "Queued", (conditions.get_condition(status.conditions, QUEUED) or {}).get(
             "message") or "waiting in its queue")
-    elif held and not (ledger.suspended_job or suspended_by_operator(job)):
+    elif held and not suspended_by_operator(job, ledger.suspended_job):
         status.phase = "Queued"
         d.cond(RUNNING, False, "SuspendedExternally", f"Job {job_name(rtj)} was suspended by someone other than "
                "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")

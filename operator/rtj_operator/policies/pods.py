@@ -22,10 +22,11 @@ def job_attempt(job: dict[str, Any]) -> int:
         return 1
 
 
-def suspended_by_operator(job: dict[str, Any] | None) -> bool:
-    """Whether the Job says this operator suspended it (api.ANNOTATION_SUSPENDED_BY)."""
+def suspended_by_operator(job: dict[str, Any] | None, recorded: bool) -> bool:
+    """Whether the Job's suspend is this operator's to lift: `recorded` in status (recovery.suspendedJob), or
+    the Job's own mark says so (api.ANNOTATION_SUSPENDED_BY: a suspend whose status write was lost)."""
     annotations = ((job or {}).get("metadata") or {}).get("annotations") or {}
-    return annotations.get(api.ANNOTATION_SUSPENDED_BY) == api.MANAGER
+    return recorded or annotations.get(api.ANNOTATION_SUSPENDED_BY) == api.MANAGER
 
 
 def coordinator_attempt(pod: dict[str, Any]) -> int:
