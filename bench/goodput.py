@@ -52,6 +52,7 @@ from rtj_dev.localcluster import LocalCluster  # noqa: E402
 from rtj_dev.nodeagent import AgentNodes  # noqa: E402
 from rtj_dev.operator_thread import OperatorThread  # noqa: E402
 from rtj_dev.timeline import goodput, per_fault, step_time  # noqa: E402
+from rtj_operator import api  # noqa: E402
 from rtj_worker import events  # noqa: E402
 
 TOOLS = ROOT / ".tools" / "bin"
@@ -137,7 +138,8 @@ def lose_node(cluster: LocalCluster, agents: AgentNodes, runner: Mode, which: st
     while max((e["step"] for e in runner.timeline() if e["event"] == "step"), default=0) < at_step:
         time.sleep(0.2)
     pods = [p for p in cluster.api("GET", f"/api/v1/namespaces/{runner.ns}/pods")["items"]
-            if p["status"].get("phase") == "Running" and p["metadata"]["name"] != f"{runner.name}-rdzv"]
+            if p["status"].get("phase") == "Running"
+            and (p["metadata"].get("labels") or {}).get(api.LABEL_COMPONENT) == "workers"]
     index = {p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index"): p for p in pods}
     if which == "active":  # a node whose ranks train (not node 0: node-0 loss is its own mode)
         active = {e.get("host") for e in runner.timeline() if e["event"] == "start"}

@@ -231,14 +231,18 @@ class Job:
         return next((c for c in self.status().get("conditions", []) if c["type"] == type_), {})
 
     def job(self) -> dict[str, Any] | None:
-        return self.kube.get("Job", self.name, self.ns)
+        """The Job of the newest gang attempt (each attempt has its own: '<name>-a<attempt>')."""
+        jobs = self.kube.list("Job", self.ns, {api.LABEL_NAME: self.name})
+        return max(jobs, key=lambda j: int(j["metadata"]["annotations"].get(api.LABEL_ATTEMPT, 1)), default=None)
 
     def pods(self) -> list[dict[str, Any]]:
         """The gang's workers (the coordinator pod, when there is one, is not among them)."""
         return self.kube.list("Pod", self.ns, {api.LABEL_NAME: self.name, api.LABEL_COMPONENT: "workers"})
 
     def coordinator(self) -> dict[str, Any] | None:
-        return self.kube.get("Pod", f"{self.name}-rdzv", self.ns)
+        """The coordinator pod of the newest gang attempt ('<job>-rdzv')."""
+        pods = self.kube.list("Pod", self.ns, {api.LABEL_NAME: self.name, api.LABEL_COMPONENT: "coordinator"})
+        return max(pods, key=lambda p: int(p["metadata"]["labels"].get(api.LABEL_ATTEMPT, 0)), default=None)
 
     def running_pods(self) -> list[dict[str, Any]]:
         return sorted((p for p in self.pods() if p["status"].get("phase") == "Running"

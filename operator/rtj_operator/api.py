@@ -78,8 +78,9 @@ RESOURCE_NAME = r"^(cpu|memory|ephemeral-storage|[a-z0-9]([-a-z0-9]*[a-z0-9])?(\
 ENV_NAME = r"^[ -<>-~]+$"
 _QUANTITY = QUANTITY
 
-# The RTJ name is the Service name (a DNS-1035 label) and, as '<name>-<index>', every pod's hostname
-# (a DNS-1123 label of at most 63 characters, index < 1024).
+# The RTJ name is the Service name (a DNS-1035 label), and each gang attempt's Job name (at most this long:
+# builders/names.job_name, '<name>-a<attempt>') is, as '<job>-<index>', every pod's hostname (a DNS-1123
+# label of at most 63 characters, index < 1024).
 MAX_NAME_LENGTH = 63 - len("-1023")
 # Ports a gang uses: rendezvousPort (c10d), +1 (the training script's store) and +2 (the in-process
 # wrapper's store); see worker/rtj_worker/ranks.py.
@@ -507,7 +508,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
             {
                 "enabled": {"type": "boolean", "default": True,
                             "description": "Run the rendezvous and the ranks' stores in a small CPU pod of their "
-                                           "own (<name>-rdzv), so that no training node hosts them: losing node "
+                                           "own (<name>-a<attempt>-rdzv, one per gang attempt), so that no "
+                                           "training node hosts them: losing node "
                                            "0 is then like losing any node. Off: node 0's pod hosts them, and "
                                            "its loss ends every other pod too (charged once)."},
                 "nodeSelector": {**_strmap(_str(pattern=LABEL_VALUE, maxLength=63), _LABEL_KEY_RULE,
@@ -954,9 +956,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                        "admitted": {"type": "boolean", "description": "Whether Kueue admitted it."},
                        "clusterQueue": _str("The ClusterQueue that admitted it."),
                        "activeRequested": {"type": "boolean", "description": "The Workload's spec.active the "
-                                           "operator last asked for (from spec.suspend): it acts on a change "
-                                           "of spec.suspend only, so a Workload Kueue or an admin "
-                                           "deactivated stays so."}},
+                                           "operator last asked for (from spec.suspend, and off while the "
+                                           "gang is suspended for capacity): it acts on a change of those "
+                                           "only, so a Workload Kueue or an admin deactivated stays so."}},
                       description="Kueue: the LocalQueue, the Workload Kueue made for the Job, whether it is "
                                   "admitted and by which ClusterQueue."),
         "recovery": _obj(

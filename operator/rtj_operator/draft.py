@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from . import conditions, health, ladder, metrics
 from .actions import Action
+from .builders.names import job_name
+from .policies.pods import job_attempt
 from .status import Status
 from .world import World
 
@@ -83,6 +85,15 @@ class Draft:
         self.timing = ladder.Timing(
             node_grace=datetime.timedelta(seconds=budget["nodeLossGraceSeconds"]),
             terminating_timeout=datetime.timedelta(seconds=budget["terminatingTimeoutSeconds"]))
+
+    @property
+    def job_name(self) -> str:
+        """The name of status.attempt's Job: the one that exists (an earlier operator's is '<name>'), or the
+        one it gets (builders/names.py)."""
+        job = self.world.job
+        if job is not None and job_attempt(job) == self.status.attempt:
+            return job["metadata"]["name"]
+        return job_name(self.rtj, self.status.attempt)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event(type_, reason, message))

@@ -25,7 +25,6 @@ import datetime
 
 from . import conditions, ladder, progress
 from .actions import CREATE, PATCH, Action, Result
-from .builders import job_name
 from .conditions import CREATED, INVALID_SPEC, RUNNING, SUCCEEDED, timestamp
 from .draft import IDLE_SECONDS, Config, Draft, Event, Intent, Requeue
 from .policies.charging import act_on, charge, fail, judge_job
@@ -122,8 +121,9 @@ def terminal(d: Draft) -> Intent:
         if queued(d):
             activate_workload(d, False, "the job failed")
         elif not job["spec"].get("suspend"):
-            d.actions.append(Action(PATCH, "Job", job_name(d.rtj), d.rtj.namespace, {"spec": {"suspend": True}}))
-    stop_coordinator(d)
+            d.actions.append(Action(PATCH, "Job", d.job_name, d.rtj.namespace, {"spec": {"suspend": True}}))
+    for coordinator in (d.world.coordinator, *d.world.old_coordinators):
+        stop_coordinator(d, coordinator)
     ensure_capacity_probes(d)  # none: a job that ended holds no node
     return d.intent()
 
@@ -160,9 +160,19 @@ def observe(d: Draft, converge: bool) -> None:
     seen = set(ledger.seen_pods)
     plan = ladder.plan(pods, world.nodes, seen, d.now, d.timing, world.cloud_fencing, world.zones, world.coordinator,
                        d.config.node_health)
+    # The older gangs' pods still going away: nothing to charge, only pods on fenced nodes to force (as
+    # PodGC would), since a pod on a lost node never confirms its deletion.
+    stale = [*world.old_pods, *world.old_coordinators]
+    old = None
+    if stale:
+        names = {p.get("spec", {}).get("nodeName") for p in stale}
+        old = ladder.plan(stale, {n: node for n, node in world.nodes.items() if n in names}, set(), d.now,
+                          d.timing, world.cloud_fencing, world.zones, rules=d.config.node_health)
+        if converge:
+            act_on(d, [a for a in old.actions if a.action == ladder.FORCE])
     if plan.recheck is not None:
         d.wait(max(0.5, plan.recheck))
-    report_waits(d, plan)
+    report_waits(d, plan, old)
     current = is_current(job, status.attempt)
     short_of_capacity = False
     if converge and current:
@@ -205,14 +215,14 @@ def managed_elsewhere(d: Draft, managed_by: str) -> None:
     withdraws it from the worker cluster) until that is supported."""
     job, status = d.world.job or {}, d.status
     if managed_by == MULTIKUEUE:
-        fail(d, "MultiKueueUnsupported", f"Job {job_name(d.rtj)} is dispatched by MultiKueue (spec.managedBy "
+        fail(d, "MultiKueueUnsupported", f"Job {d.job_name} is dispatched by MultiKueue (spec.managedBy "
              f"{managed_by}): its pods would run in a worker cluster without the Service, coordinator and "
              "checkpoint claim they need, which MultiKueue does not copy; use a queue whose ClusterQueue has no "
              "MultiKueue admission check")
         return
     job_status = job.get("status") or {}
     conds = {c.get("type"): c for c in job_status.get("conditions") or [] if c.get("status") == "True"}
-    message = (f"Job {job_name(d.rtj)} is managed by {managed_by}: its pods run elsewhere; this RTJ shows the "
+    message = (f"Job {d.job_name} is managed by {managed_by}: its pods run elsewhere; this RTJ shows the "
                "Job's own status, and recovery is that controller's")
     was = conditions.get_condition(d.old.get("conditions") or [], RUNNING) or {}
     if was.get("reason") != "ManagedElsewhere":

@@ -17,7 +17,8 @@ import jsonschema
 
 from . import api
 
-# Pod hostnames are "<job>-<index>" and must be DNS labels (63 chars): leave room for the index.
+# Pod hostnames are "<job>-<index>" and must be DNS labels (63 chars): leave room for the index (a Job
+# name, '<name>-a<attempt>', keeps to this length: builders/names.job_name).
 MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
 
 

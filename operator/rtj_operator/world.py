@@ -14,14 +14,15 @@ import kopf
 
 from . import api, ladder
 from .actions import rejected
-from .builders import build_job, build_pvc, coordinator_name, job_name, network_policy_name, pvc_name, service_name
+from .builders import build_job, build_pvc, job_name, network_policy_name, pvc_name, service_name
+from .builders.coordinator import COMPONENT as COORDINATOR_COMPONENT
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
 from .builders.probe import COMPONENT as PROBE_COMPONENT
 from .copies import clone
 from .kube import Kube, KubeError
 from .policies import grace, interval
-from .policies.pods import addressed_coordinator, gated
+from .policies.pods import addressed_coordinator, coordinator_attempt, gated, job_attempt
 from .spec import RTJ
 from .stores import Stores
 
@@ -44,11 +45,16 @@ class World:
     service: dict[str, Any] | None = None
     job: dict[str, Any] | None = None
     pvc: dict[str, Any] | None = None
-    # Pods of the current Job: our labels select, the Job's owner reference decides (a pod that only
+    # Pods of the newest Job: our labels select, the Job's owner reference decides (a pod that only
     # carries our labels, made by anyone who may create pods here, is not ours to count).
     pods: list[dict[str, Any]] = field(default_factory=list)
     nodes: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: the node is gone
-    coordinator: dict[str, Any] | None = None  # the coordinator pod (builders/coordinator.py), if any
+    coordinator: dict[str, Any] | None = None  # this attempt's coordinator pod (builders/coordinator.py), if any
+    # Earlier gang attempts still going away (each attempt has its own Job and coordinator: builders/names.py):
+    # their Jobs (deleted, Foreground), their workers, and their coordinators.
+    old_jobs: list[dict[str, Any]] = field(default_factory=list)
+    old_pods: list[dict[str, Any]] = field(default_factory=list)
+    old_coordinators: list[dict[str, Any]] = field(default_factory=list)
     network_policy: dict[str, Any] | None = None  # the gang's (builders/network.py), if any
     # Answers from outside, asked for before the pass decides (probe()): (ok, reason, message) of the
     # storage check, when it ran; (accepted, message) of a server-side dry run of a changed Job.
@@ -79,21 +85,28 @@ class World:
         return self.parsed if self.parsed is not None else RTJ.from_body(self.rtj)
 
     @classmethod
-    def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, job: dict[str, Any] | None,
+    def assemble(cls, rtj_body: dict[str, Any], service: dict[str, Any] | None, jobs: Iterable[dict[str, Any]],
                  pvc: dict[str, Any] | None, pods: list[dict[str, Any]],
-                 node: Callable[[str], dict[str, Any] | None], coordinator: dict[str, Any] | None = None,
-                 departed: Iterable[dict[str, Any]] = (), rtj: RTJ | None = None,
-                 network_policy: dict[str, Any] | None = None) -> World:
-        """`rtj`: rtj_body parsed, if the caller has it."""
+                 node: Callable[[str], dict[str, Any] | None], departed: Iterable[dict[str, Any]] = (),
+                 rtj: RTJ | None = None, network_policy: dict[str, Any] | None = None) -> World:
+        """`jobs`: the Jobs labelled as the RTJ's children, and whatever holds the current attempt's Job name;
+        `pods`: the pods labelled as its children (workers of every attempt, coordinators, capacity probes);
+        `rtj`: rtj_body parsed, if the caller has it."""
         rtj = rtj or RTJ.from_body(rtj_body)
+        attempt = attempt_of(rtj_body)
+        job, old_jobs = current_job(list(jobs), rtj, attempt)
         job_uid = (job or {}).get("metadata", {}).get("uid")
+        old_uids = {j["metadata"].get("uid") for j in old_jobs} - {None, ""}
         mine = [p for p in pods if job_uid and owned_by(p, job_uid)]
-        probes = [p for p in pods if owned_by(p, rtj.uid) and (p["metadata"].get("labels") or {}).get(
-            api.LABEL_COMPONENT) == PROBE_COMPONENT]
-        if coordinator is not None and not owned_by(coordinator, rtj.uid):
-            coordinator = None  # labelled like ours, made by someone else: not ours to count (a create reports it)
-        names = sorted({p.get("spec", {}).get("nodeName") for p in [*mine, *([coordinator] if coordinator else [])]}
-                       - {None, ""})
+        old_pods = [p for p in pods if any(owned_by(p, uid) for uid in old_uids)]
+        ours = [p for p in pods if owned_by(p, rtj.uid)]  # labelled like ours, made by someone else: not counted
+        probes = [p for p in ours if component(p) == PROBE_COMPONENT]
+        coordinators = sorted((p for p in ours if component(p) == COORDINATOR_COMPONENT),
+                              key=lambda p: bool(p["metadata"].get("deletionTimestamp")))
+        coordinator = next((p for p in coordinators if coordinator_attempt(p) == attempt), None)
+        old_coordinators = [p for p in coordinators if p is not coordinator]
+        names = sorted({p.get("spec", {}).get("nodeName")
+                        for p in [*mine, *old_pods, *coordinators]} - {None, ""})
         if build_pvc(rtj) is None:
             pvc = None  # an existing claim is the user's: not read, not checked
         if network_policy is not None and not owned_by(network_policy, rtj.uid):
@@ -103,18 +116,19 @@ class World:
         # checks every table's pass leaves them as they were). The few objects a pass may patch are copied.
         return cls(clone(rtj_body), clone(service), clone(job), clone(pvc), network_policy=clone(network_policy),
                    pods=mine, nodes={n: node(n) for n in names}, coordinator=clone(coordinator),
-                   capacity_probes=probes,
+                   capacity_probes=probes, old_jobs=[clone(j) for j in old_jobs], old_pods=old_pods,
+                   old_coordinators=[clone(p) for p in old_coordinators],
                    departed=[p for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
 
     @classmethod
     def from_stores(cls, stores: Stores, rtj_body: dict[str, Any],
                     node: Callable[[str], dict[str, Any] | None] | None = None) -> World:
         rtj = RTJ.from_body(rtj_body)
-        ns = rtj.namespace
-        pods = [p for p in stores.pods.indexed("rtj", (ns, rtj.name))]
-        return cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), stores.jobs.get(ns, job_name(rtj)),
-                            stores.pvcs.get(ns, pvc_name(rtj)), pods, node or (lambda n: stores.nodes.get("", n)),
-                            stores.pods.get(ns, coordinator_name(rtj)), stores.pods.departed("rtj", (ns, rtj.name)),
+        ns, key = rtj.namespace, (rtj.namespace, rtj.name)
+        jobs = [*stores.jobs.indexed("rtj", key), stores.jobs.get(ns, job_name(rtj, attempt_of(rtj_body)))]
+        return cls.assemble(rtj_body, stores.services.get(ns, service_name(rtj)), [j for j in jobs if j is not None],
+                            stores.pvcs.get(ns, pvc_name(rtj)), stores.pods.indexed("rtj", key),
+                            node or (lambda n: stores.nodes.get("", n)), stores.pods.departed("rtj", key),
                             rtj, stores.network_policies.get(ns, network_policy_name(rtj)))
 
     def probe(self, kube: Kube, storage_check: StorageCheck | None = None,
@@ -146,15 +160,40 @@ class World:
 
     @classmethod
     def read(cls, kube: Kube, rtj_body: dict[str, Any]) -> World:
-        """The world as the API server has it now (GETs and a LIST): tools and tests."""
+        """The world as the API server has it now (GETs and LISTs): tools and tests."""
         rtj = RTJ.from_body(rtj_body)
         ns = rtj.namespace
         pvc = kube.get("PersistentVolumeClaim", pvc_name(rtj), ns) if build_pvc(rtj) is not None else None
-        job = kube.get("Job", job_name(rtj), ns)
-        pods = kube.list("Pod", ns, selector_labels(rtj)) if job is not None else []
-        return cls.assemble(rtj_body, kube.get("Service", service_name(rtj), ns), job, pvc, pods,
-                            lambda n: kube.get("Node", n), kube.get("Pod", coordinator_name(rtj), ns), rtj=rtj,
+        jobs = [*kube.list("Job", ns, selector_labels(rtj)), kube.get("Job", job_name(rtj, attempt_of(rtj_body)), ns)]
+        return cls.assemble(rtj_body, kube.get("Service", service_name(rtj), ns), [j for j in jobs if j is not None],
+                            pvc, kube.list("Pod", ns, selector_labels(rtj)), lambda n: kube.get("Node", n), rtj=rtj,
                             network_policy=kube.get("NetworkPolicy", network_policy_name(rtj), ns))
+
+
+def attempt_of(rtj_body: dict[str, Any]) -> int:
+    """The gang attempt status says runs now (status.attempt; 1 before the first status write)."""
+    return int((rtj_body.get("status") or {}).get("attempt") or 1)
+
+
+def component(pod: dict[str, Any]) -> str:
+    return (pod["metadata"].get("labels") or {}).get(api.LABEL_COMPONENT, "")
+
+
+def current_job(jobs: list[dict[str, Any]], rtj: RTJ,
+                attempt: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(the Job a pass converges, the older gangs' Jobs still going away). The Job is the newest of ours
+    (an earlier operator's, named '<name>', is found by its labels and attempt annotation, so an upgrade
+    restarts no gang), or an object of someone else's holding this attempt's name (a ChildConflict)."""
+    unique = {j["metadata"].get("uid") or j["metadata"]["name"]: j for j in jobs}.values()
+    ours = [j for j in unique if owned_by(j, rtj.uid)]
+    stranger = next((j for j in unique if j["metadata"]["name"] == job_name(rtj, attempt)
+                     and not owned_by(j, rtj.uid)), None)
+    if stranger is not None:
+        return stranger, ours
+    if not ours:
+        return None, []
+    newest = max(ours, key=lambda j: (job_attempt(j), not j["metadata"].get("deletionTimestamp")))
+    return newest, [j for j in ours if j is not newest]
 
 
 def dry_run_template(kube: Kube, job: dict[str, Any]) -> tuple[bool, str]:
@@ -181,8 +220,7 @@ def read_published(kube: Kube, world: World, rtj: RTJ) -> bool | None:
     backs off (1 s, 2 s, 4 s, ...) whenever its cache lags its writes, as on a busy control plane; a worker
     released meanwhile spends its rendezvous timeout waiting for DNS. None: not read (not waiting), or
     not readable (RBAC): the gate then goes by the address alone."""
-    attempt = int((world.rtj.get("status") or {}).get("attempt") or 1)
-    coordinator = addressed_coordinator(world.coordinator, attempt)
+    coordinator = addressed_coordinator(world.coordinator, attempt_of(world.rtj))
     if world.job is None or coordinator is None or not any(gated(p) for p in world.pods):
         return None
     try:
@@ -203,16 +241,17 @@ def published(slices: list[dict[str, Any]], pod: dict[str, Any]) -> bool:
 
 def read_workload(kube: Kube, world: World, rtj: RTJ) -> tuple[dict[str, Any] | None, str, bool]:
     """The Workload Kueue made for a queued Job (by its job-uid label), read only while it can change what
-    the pass does: the Job is suspended (queued, preempted), the RTJ is suspended or over (the Workload
-    is to be deactivated), or the last status did not see it admitted. A running, admitted gang costs no
-    read."""
+    the pass does: the Job is suspended (queued, preempted), the RTJ is suspended, over or suspended for
+    capacity (the Workload is to be deactivated), or the last status did not see it admitted. A running,
+    admitted gang costs no read."""
     job = world.job
     labels = ((job or {}).get("metadata") or {}).get("labels") or {}
     if job is None or not owned_by(job, rtj.uid) or not (rtj.queue_name or labels.get(api.KUEUE_QUEUE_LABEL)):
         return None, "", False
     status = world.rtj.get("status") or {}
     if not (job["spec"].get("suspend") or rtj.spec["suspend"] or status.get("phase") == "Failed"
-            or not (status.get("queue") or {}).get("admitted")):
+            or not (status.get("queue") or {}).get("admitted")
+            or bool((status.get("recovery") or {}).get("suspendedForCapacity"))):
         return None, "", False
     try:
         items = kube.list("Workload", rtj.namespace, {api.KUEUE_JOB_UID_LABEL: job["metadata"]["uid"]})
@@ -230,13 +269,10 @@ def changed_template(world: World, rtj: RTJ) -> dict[str, Any] | None:
     job = world.job
     if job is None or job["metadata"].get("deletionTimestamp") or not owned_by(job, rtj.uid):
         return None
-    attempt = int((world.rtj.get("status") or {}).get("attempt") or 1)
-    try:
-        if int((job["metadata"].get("annotations") or {}).get(api.LABEL_ATTEMPT, 1)) != attempt:
-            return None
-    except (TypeError, ValueError):
+    attempt = attempt_of(world.rtj)
+    if job_attempt(job) != attempt:
         return None
-    desired = build_job(rtj, attempt, interval.applied(rtj, job), grace.applied(rtj, job))
+    desired = build_job(rtj, attempt, interval.applied(rtj, job), grace.applied(rtj, job), job["metadata"]["name"])
     have = (job["metadata"].get("annotations") or {}).get(api.ANNOTATION_TEMPLATE_HASH)
     if have is None or have == template_hash(desired):
         return None  # unchanged, or an earlier operator's Job, adopted as it is (policies/children.ensure_job)

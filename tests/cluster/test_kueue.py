@@ -62,7 +62,8 @@ def delete(cluster, *paths: str) -> None:
 
 def make(kube, ns: str, name: str, queue: str, priority: str = "", **spec) -> Job:
     """An RTJ with no budget to spare: a single charge would fail it."""
-    body = rtj_body(name, ns, queueName=queue, restartBudget={"maxRestarts": 0, "maxDisruptions": 0}, **spec)
+    budget = {"maxRestarts": 0, "maxDisruptions": 0, **spec.pop("restartBudget", {})}
+    body = rtj_body(name, ns, queueName=queue, restartBudget=budget, **spec)
     if priority:
         body["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": f"{priority}-{ns}"[:63]}
     kube.create(body)
@@ -140,6 +141,37 @@ def test_suspend_deactivates_the_workload_and_resume_requeues_it(kube, ns, opera
     st = job.wait_running(nodes=2, timeout=90)
     assert cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["spec"]["active"] is True
     assert (st.get("jobRestarts"), st.get("disruptions"), st["attempt"]) == (0, 0, 1), st
+
+
+def test_a_queued_gang_short_of_capacity_releases_its_quota_through_kueue_and_runs_once_room_appears(
+        kube, ns, operator, queue, cluster, own_nodes):
+    """Issue 29.2: Kueue owns Job.spec.suspend, so a queued gang short of nodes used to wait admitted,
+    holding its quota and its nodes for up to capacityTimeoutSeconds. Now its Workload is deactivated
+    (Kueue evicts it, suspends the Job and releases the quota) while its capacity probes ask for room,
+    and it is re-activated once they are all placed: Kueue admits it again and it runs. Charged nothing."""
+    (first,) = own_nodes(1)
+    job = make(kube, ns, "train", queue, placement={"nodeSelector": {"rtj.dev/test-node": own_nodes.label}},
+               restartBudget={"capacitySuspendSeconds": 3})
+    workload = wait_until(lambda: (job.status().get("queue") or {}).get("workload"), timeout=60,
+                          what="the gang's Workload")
+    wait_until(lambda: cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["spec"].get(
+        "active") is False, timeout=60, what="the Workload deactivated for capacity")
+    wait_until(lambda: job.job()["spec"]["suspend"] is True, timeout=60, what="Kueue suspended the Job")
+    cq = cluster.api("GET", f"{KUEUE}/namespaces/{ns}/localqueues/{queue}")["spec"]["clusterQueue"]
+    wait_until(lambda: not cluster.api("GET", f"{KUEUE}/clusterqueues/{cq}").get("status", {}).get(
+        "reservingWorkloads"), timeout=60, what="the ClusterQueue's quota released")
+    # Said where a queued gang's wait is (Queued), and where a capacity wait is (WaitingForCapacity).
+    wait_until(lambda: job.condition("Queued").get("reason") == "SuspendedForCapacity", timeout=30,
+               what="Queued, SuspendedForCapacity")
+    assert job.condition("WaitingForCapacity")["reason"] == "SuspendedForCapacity", job.explain()
+    wait_until(lambda: any(p["spec"].get("nodeName") == first for p in kube.list("Pod", ns, {
+        "app.kubernetes.io/component": "capacity-probe"})), timeout=60, what="a probe on the released node")
+    own_nodes(1)  # room for the whole gang
+    st = job.wait_running(nodes=2, timeout=120)
+    assert cluster.api("GET", f"{KUEUE}/namespaces/{ns}/workloads/{workload}")["spec"]["active"] is True
+    assert (st.get("jobRestarts"), st.get("disruptions"), st["attempt"]) == (0, 0, 1), st
+    assert {"SuspendingForCapacity", "WorkloadDeactivated", "ResumingForCapacity", "WorkloadActivated"} <= set(
+        job.reasons()), job.reasons()
 
 
 L3 = "topology.k8s.aws/network-node-layer-3"

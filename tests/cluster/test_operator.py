@@ -21,10 +21,10 @@ def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, 
     # chart's grants, listed the Service's EndpointSlices, which the real controller filled.
     assert ("list", "EndpointSlice") in calls
     assert published(operator.kube.list("EndpointSlice", ns, {SERVICE_NAME_LABEL: "train"}),
-                     kube.get("Pod", "train-rdzv", ns))
+                     kube.get("Pod", "train-a1-rdzv", ns))
     uid = rtj.body()["metadata"]["uid"]
-    for kind, name in (("Service", "train"), ("Job", "train"), ("PersistentVolumeClaim", "train-ckpt"),
-                       ("Pod", "train-rdzv"), ("NetworkPolicy", "train")):
+    for kind, name in (("Service", "train"), ("Job", "train-a1"), ("PersistentVolumeClaim", "train-ckpt"),
+                       ("Pod", "train-a1-rdzv"), ("NetworkPolicy", "train")):
         obj = kube.get(kind, name, ns)
         assert obj is not None, kind
         refs = obj["metadata"]["ownerReferences"]
@@ -40,7 +40,7 @@ def test_create_builds_children_owned_by_the_rtj_and_reports_running(rtj, kube, 
     # The real scheduler put one pod per p5 node (anti-affinity), tolerating the GPU taint.
     pods = rtj.running_pods()
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
-    assert sorted(p["spec"]["hostname"] for p in pods) == ["train-0", "train-1"]
+    assert sorted(p["spec"]["hostname"] for p in pods) == ["train-a1-0", "train-a1-1"]
     reasons = rtj.reasons()
     # Service, NetworkPolicy, PVC, coordinator pod and Job.
     assert reasons.count("Created") == 5 and "Running" in reasons
@@ -59,7 +59,7 @@ def test_retained_pvc_is_not_owned_and_survives_deletion(rtj, kube, ns, operator
     kube.delete(api.KIND, "train", ns)
     wait_until(lambda: kube.get(api.KIND, "train", ns) is None, what="RTJ gone")
     # The real garbage collector removes the owned children (and the Job's pods).
-    wait_until(lambda: kube.get("Job", "train", ns) is None and kube.get("Service", "train", ns) is None,
+    wait_until(lambda: kube.get("Job", "train-a1", ns) is None and kube.get("Service", "train", ns) is None,
                what="children collected")
     wait_until(lambda: not kube.list("Pod", ns), what="pods collected")
     assert kube.get("PersistentVolumeClaim", "train-ckpt", ns) is not None
@@ -75,7 +75,7 @@ def test_deletion_with_retention_delete_removes_the_pvc(rtj, kube, ns, operator)
     wait_until(lambda: kube.get("PersistentVolumeClaim", "train-ckpt", ns) is None
                or kube.get("PersistentVolumeClaim", "train-ckpt", ns)["metadata"].get("deletionTimestamp"),
                what="PVC deleted")
-    wait_until(lambda: kube.get("Job", "train", ns) is None, what="Job collected")
+    wait_until(lambda: kube.get("Job", "train-a1", ns) is None, what="Job collected")
 
 
 def test_spec_update_converges_the_job(rtj, kube, ns, operator):
@@ -280,7 +280,7 @@ def test_a_budget_edit_keeps_the_gang(rtj, kube, ns, operator):
 @pytest.mark.parametrize("kind, make", [
     ("Service", lambda ns: {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "train", "namespace": ns},
                             "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}}),
-    ("Job", lambda ns: {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": ns},
+    ("Job", lambda ns: {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train-a1", "namespace": ns},
                         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
                             {"name": "c", "image": "theirs:1"}]}}}}),
     ("PersistentVolumeClaim", lambda ns: {

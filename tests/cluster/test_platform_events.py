@@ -167,31 +167,40 @@ def test_a_coordinator_with_no_node_keeps_its_gang_gated_waits_visibly_and_is_ch
     assert "CoordinatorUnschedulable" in rtj.reasons()
 
 
-def test_a_gang_restart_that_waits_on_an_unfenced_node_says_so_and_starts_once_it_is_fenced(
+def test_a_gang_restart_after_losing_an_unfenced_node_runs_beside_the_old_pod_until_it_is_fenced(
         rtj, kube, ns, operator, cluster, own_nodes, lost_nodes):
-    """Issue 29.5: a node lost and never fenced (a partition, an instance that stays up), then the survivor's
-    rendezvous gives up: the gang restart deletes the old Job (Foreground), which waits for the pod on the lost
-    node, and the new gang waited behind it with no pods and nothing saying why. Now a true condition names the
-    old Job, the pod and the node, and how to end the wait; the survivor's failed rendezvous, which came while
-    the node was lost within its grace period, is the node's disruption, not the job's failure."""
+    """Issues 29.3 and 29.5: a node lost and never fenced (a partition, an instance that stays up), then the
+    survivor's rendezvous gives up. The gang restart used to delete the old Job (Foreground) and make the new
+    one under the same name once it was gone, which waits for the pod on the lost node, for as long as the
+    node stays unfenced, with no pods at all. Each attempt now has its own Job and coordinator: the new gang
+    runs beside the old pod at once, a true condition names that pod and what ends it, and it is forced once
+    the node is fenced. The survivor's failed rendezvous, while the node was lost within its grace period, is
+    the node's disruption, not the job's failure."""
     own_nodes(3)
     rtj.create(placement={"nodeSelector": {"rtj.dev/test-node": own_nodes.label}},
-               restartBudget={**FAST, "nodeLossGraceSeconds": 300})
+               restartBudget={**FAST, "nodeLossGraceSeconds": 300}, resiliency={"rendezvousTimeoutSeconds": 120})
     rtj.wait_running(nodes=2, timeout=60)
     pods = {p["metadata"]["annotations"][INDEX]: p for p in rtj.running_pods()}
-    lost = pods["1"]["spec"]["nodeName"]
+    lost, old_pod = pods["1"]["spec"]["nodeName"], pods["1"]["metadata"]["name"]
+    assert rtj.job()["metadata"]["name"] == "train-a1"
     lost_nodes(lost)
     cond = wait_until(lambda: rtj.condition("WaitingForFencing") if rtj.condition("WaitingForFencing").get(
         "reason") == "NodeLost" else None, timeout=90, what="WaitingForFencing, NodeLost")
     assert lost in cond["message"] and "nodeLossGraceSeconds (300s)" in cond["message"]
     rtj.exit_pod(pods["0"], exit_codes.RENDEZVOUS_FAILED)  # the survivor gives up on the rendezvous
-    cond = wait_until(lambda: rtj.condition("WaitingForFencing") if rtj.condition("WaitingForFencing").get(
-        "reason") == "OldGangNotFenced" else None, timeout=60, what="WaitingForFencing, OldGangNotFenced")
-    assert "attempt 2" in cond["message"] and pods["1"]["metadata"]["name"] in cond["message"]
-    assert lost in cond["message"] and "out-of-service" in cond["message"], cond
-    st = rtj.status()
-    assert counters(st)[:2] == (0, 1), st  # the node's disruption; the job's budget untouched
-    cluster.fence_node(lost)  # what a person does once the instance is known down
+    # Within one rendezvous timeout (120 s), the node still unfenced.
+    wait_until(lambda: rtj.status().get("attempt") == 2, timeout=30, what="attempt 2")
     st = rtj.wait_running(nodes=2, timeout=90)
-    assert st.get("attempt") == 2 and counters(st)[:2] == (0, 1), st
+    assert counters(st)[:2] == (0, 1), st  # the node's disruption; the job's budget untouched
+    assert rtj.job()["metadata"]["name"] == "train-a2" and rtj.coordinator()["metadata"]["name"] == "train-a2-rdzv"
     assert lost not in {p["spec"]["nodeName"] for p in rtj.running_pods()}
+    assert (kube.get("Pod", old_pod, ns) or {}).get("metadata", {}).get("deletionTimestamp")  # still there
+    cond = rtj.condition("WaitingForFencing")
+    assert cond["status"] == "True" and cond["reason"] == "OldGangNotFenced", cond
+    assert old_pod in cond["message"] and lost in cond["message"] and "out-of-service" in cond["message"], cond
+    cluster.fence_node(lost)  # what a person does once the instance is known down
+    wait_until(lambda: kube.get("Pod", old_pod, ns) is None, timeout=60, what="the old pod forced")
+    wait_until(lambda: rtj.condition("WaitingForFencing").get("status") == "False", timeout=30,
+               what="WaitingForFencing resolved")
+    st = rtj.status()
+    assert st.get("attempt") == 2 and st["phase"] == "Running" and counters(st)[:2] == (0, 1), st

@@ -257,7 +257,7 @@ def test_a_job_that_gives_up_by_itself_gets_a_new_gang_within_budget(rtj, kube, 
     """Issue 8.f: the real Job controller sets FailureTarget first; the operator starts the new gang then."""
     rtj.create()
     rtj.wait_running()
-    kube.patch("Job", "train", ns, {"spec": {"activeDeadlineSeconds": 1}})
+    kube.patch("Job", rtj.job()["metadata"]["name"], ns, {"spec": {"activeDeadlineSeconds": 1}})
     wait_until(lambda: rtj.status().get("attempt") == 2, timeout=30, what="attempt 2")
     st = rtj.wait_running(nodes=2, timeout=60)
     assert st["restartsByTier"]["GangRestart"] == 1 and st["jobRestarts"] == 1
@@ -306,7 +306,7 @@ def test_budgets_survive_an_operator_restart_and_deleted_children(rtj, kube, ns,
         st = rtj.wait_running(nodes=2, timeout=60)
         assert st["jobRestarts"] == 1 and st["restarts"] == 1  # the same failed pod is not charged twice
         # Deleting the children resets nothing: the budget lives in the RTJ's status.
-        kube.delete("Job", "train", ns, propagation="Foreground")
+        kube.delete("Job", rtj.job()["metadata"]["name"], ns, propagation="Foreground")
         wait_until(lambda: (rtj.job() or {}).get("metadata", {}).get("deletionTimestamp") is None
                    and rtj.job() is not None, timeout=60, what="Job recreated")
         rtj.wait_running(nodes=2, timeout=60)

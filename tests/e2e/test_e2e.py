@@ -377,7 +377,8 @@ def test_node_loss_with_a_spare_is_recovered_in_job_before_any_replacement_exist
     pods = {p["spec"]["hostname"]: p for p in run.job.running_pods()}
     assert len(active) == 2 and len(set(pods) - active) == 1, (active, sorted(pods))
     assert run.job.status().get("standbys") == 1
-    lost = pods["train-0"] if "train-0" in active else pods[sorted(active)[0]]
+    node_0 = f"{run.job.job()['metadata']['name']}-0"
+    lost = pods[node_0] if node_0 in active else pods[sorted(active)[0]]
     standby = (set(pods) - active).pop()
     run.wait_step(24)
     agent, lost_at = run.lose_node_of(lost)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rtj_operator import api
@@ -10,6 +12,7 @@ from rtj_operator.builders import (
     build_job,
     build_pvc,
     build_service,
+    coordinator_name,
     job_name,
     pvc_name,
     service_name,
@@ -74,8 +77,8 @@ def test_autoscalers_are_asked_not_to_move_the_coordinator():
 
 def test_job_env_derives_rendezvous_from_index_zero_and_rank_from_completion_index():
     env = env_of(build_job(rtj(nodes={"count": 4}, coordinator={"enabled": False}), attempt=2))
-    assert env["MASTER_ADDR"] == "train-0.train.default.svc"
-    assert env["RTJ_RDZV_ENDPOINT"] == "train-0.train.default.svc:29400"
+    assert env["MASTER_ADDR"] == "train-a2-0.train.default.svc"
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-a2-0.train.default.svc:29400"
     assert env["NNODES"] == "4" and env["RTJ_NNODES"] == "4:4"
     assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
                                              "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
@@ -175,9 +178,32 @@ def test_pvc_is_created_only_for_a_storage_class():
     assert claim == "shared-fsx"
 
 
+def rtj_named(name: str) -> RTJ:
+    body = rtj_body()
+    body["metadata"]["name"] = name
+    return RTJ.from_body(body)
+
+
 def test_names_are_deterministic():
     r = rtj()
-    assert (job_name(r), service_name(r), pvc_name(r)) == ("train", "train", "train-ckpt")
+    assert (job_name(r, 1), service_name(r), pvc_name(r)) == ("train-a1", "train", "train-ckpt")
+    assert job_name(r, 12) == "train-a12" and coordinator_name(job_name(r, 12)) == "train-a12-rdzv"
+    assert build_coordinator(r, 3)["metadata"]["name"] == build_coordinator(r, 3)["spec"]["hostname"] == "train-a3-rdzv"
+    # A gang an earlier operator made keeps its names: its Job's, and its coordinator's after it.
+    assert build_coordinator(r, 3, "train")["metadata"]["name"] == "train-rdzv"
+
+
+@pytest.mark.parametrize("name", ["a" * api.MAX_NAME_LENGTH, "b" * 55, "c" * 50 + "-" + "d" * 7, "x"])
+def test_every_attempt_has_its_own_job_name_that_keeps_hostnames_dns_labels(name: str):
+    """Pods are '<job>-<index>' and the coordinator '<job>-rdzv': each must stay a DNS label (63) at any
+    attempt, names of two RTJs sharing a long prefix must differ, and so must two attempts'."""
+    r, other = rtj_named(name), rtj_named(name[:-1] + ("z" if name[-1] != "z" else "y"))
+    for attempt in (1, 9, 10, 12345, 10**6 - 1):
+        job = job_name(r, attempt)
+        assert len(f"{job}-1023") <= 63 and len(coordinator_name(job)) <= 63, job
+        assert re.fullmatch(api.DNS1035_LABEL, job) and job.endswith(f"-a{attempt}")
+        assert job != job_name(r, attempt + 1) and job != job_name(other, attempt)
+    assert job_name(r, 1) == job_name(rtj_named(name), 1)  # deterministic
 
 
 def test_builders_do_not_crash_on_wrong_shaped_parts():

@@ -267,7 +267,7 @@ def test_a_new_gangs_pods_wait_for_the_coordinators_name_to_be_published(publish
 
 def test_an_endpoint_is_the_coordinators_by_uid_and_address():
     coord = {"metadata": {"uid": "u1"}, "status": {"podIP": "10.0.0.9"}}
-    endpoint = {"addresses": ["10.0.0.9"], "hostname": "train-rdzv", "targetRef": {"kind": "Pod", "uid": "u1"}}
+    endpoint = {"addresses": ["10.0.0.9"], "hostname": "train-a1-rdzv", "targetRef": {"kind": "Pod", "uid": "u1"}}
     assert published([{"endpoints": [endpoint]}], coord)
     assert not published([{"endpoints": [{**endpoint, "targetRef": {"uid": "u0"}}]}], coord)  # an older pod's
     assert not published([{"endpoints": [{**endpoint, "addresses": ["10.0.0.8"]}]}], coord)  # its old address
@@ -317,7 +317,7 @@ def test_a_coordinator_that_finds_no_node_keeps_its_gang_gated_waiting_for_capac
     capacity = next((c for c in st.conditions if c["type"] == "WaitingForCapacity"), {})
     if want == "CoordinatorUnschedulable":
         assert not ungated and capacity["status"] == "True" and capacity["reason"] == want
-        assert "the coordinator pod train-rdzv: 0/9 nodes are available" in capacity["message"]
+        assert "the coordinator pod train-a1-rdzv: 0/9 nodes are available" in capacity["message"]
         assert not w.world.job["spec"].get("suspend") and not st.recovery.suspended_for_capacity
         assert intent.requeue.seconds <= 3600 - waited
     elif want == "Failed":

@@ -22,8 +22,9 @@ def template(job: dict) -> dict:
     return job["spec"]["template"]
 
 
-# Template hashes of Jobs built by the operator before spec.pod existed (commit 0125638). An RTJ that
-# does not use spec.pod must keep its hash, or an operator upgrade would restart every running gang.
+# Template hashes of Jobs built by the operator before spec.pod existed (commit 0125638), when a Job was
+# named '<name>' in every attempt. An RTJ that does not use spec.pod must keep its hash for such a Job (its
+# name is the one it has: ensure_job passes it), or an operator upgrade would restart every running gang.
 PINNED_HASHES = [
     ({}, "674e291a80a6e046"),
     ({"gpusPerNode": 0, "efaPerNode": 0, "procsPerNode": 2, "coordinator": {"enabled": False}}, "a201648a145025eb"),
@@ -37,11 +38,12 @@ PINNED_HASHES = [
 
 @pytest.mark.parametrize("spec, expected", PINNED_HASHES)
 def test_an_rtj_without_spec_pod_keeps_its_template_hash(spec, expected):
-    assert build_job(rtj(**spec), attempt=2)["metadata"]["annotations"][api.ANNOTATION_TEMPLATE_HASH] == expected
+    assert build_job(rtj(**spec), attempt=2, name="train")["metadata"]["annotations"][
+        api.ANNOTATION_TEMPLATE_HASH] == expected
     # An empty spec.pod (or empty parts of it) is no change either.
     empty = {"labels": {}, "annotations": {}, "imagePullSecrets": [], "volumes": [], "volumeMounts": [],
              "initContainers": []}
-    assert build_job(rtj(**spec, pod=empty), attempt=2)["metadata"]["annotations"][
+    assert build_job(rtj(**spec, pod=empty), attempt=2, name="train")["metadata"]["annotations"][
         api.ANNOTATION_TEMPLATE_HASH] == expected
 
 

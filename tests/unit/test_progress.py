@@ -216,8 +216,8 @@ def test_reports_from_pods_of_another_job_are_not_read():
     w = world(report(leader=True))
     stranger = reporting(pod(5), report(**in_process(7)))
     stranger["metadata"]["ownerReferences"] = [{"uid": "another-job", "kind": "Job", "name": "x"}]
-    mine = World.assemble(w.body, w.world.service, w.world.job, w.world.pvc, [*w.world.pods, stranger],
-                          lambda n: w.world.nodes.get("n0"), w.world.coordinator)
+    mine = World.assemble(w.body, w.world.service, [w.world.job], w.world.pvc,
+                          [*w.world.pods, stranger, w.world.coordinator], lambda n: w.world.nodes.get("n0"))
     w.world = mine
     assert w.run().status.restarts_by_tier["InProcess"] == 0
 

@@ -21,6 +21,7 @@ from rtj_operator.conditions import timestamp
 from rtj_operator.draft import Config, Draft
 from rtj_operator.kube import KubeError
 from rtj_operator.policies.placement import gang_probes
+from rtj_operator.policies.pods import coordinator_attempt
 from rtj_operator.reconcile import reconcile, settle
 from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
@@ -110,6 +111,11 @@ class W:
 
     def run(self, now: datetime.datetime = NOW):
         world = copy.deepcopy(self.world)
+        # As World.assemble sorts them: the coordinator is status.attempt's, an earlier attempt's is old.
+        attempt = int(world.rtj.get("status", {}).get("attempt") or 1)
+        if world.coordinator is not None and coordinator_attempt(world.coordinator) != attempt:
+            world.old_coordinators.append(world.coordinator)
+            world.coordinator = None
         # The pods and nodes a pass reads are the stores' own objects (World.assemble shares them): no pass of
         # any table here may change them.
         shared = copy.deepcopy((world.pods, world.nodes, world.capacity_probes, world.departed))
@@ -134,7 +140,7 @@ def test_a_new_rtj_creates_its_children_in_order_owned_by_it():
     service, policy, pvc, coordinator, job = (a.body for a in intent.actions)
     assert policy["spec"]["podSelector"] == {"matchLabels": {api.LABEL_NAME: "train"}}
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-train"
-    assert coordinator["metadata"]["name"] == "train-rdzv" and coordinator["spec"]["hostname"] == "train-rdzv"
+    assert coordinator["metadata"]["name"] == "train-a1-rdzv" and coordinator["spec"]["hostname"] == "train-a1-rdzv"
     assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["ownerReferences"][0]["uid"] \
         == "uid-train"
     assert "ownerReferences" not in pvc["metadata"]  # retention Retain: the claim outlives the job
@@ -199,24 +205,91 @@ def test_a_changed_template_makes_a_new_gang_only_if_the_server_takes_it():
 
 def test_the_old_gang_is_deleted_only_once_status_names_the_next_attempt():
     intent = W().status(attempt=2, recovery={"pendingGangRestart": "RendezvousFailed"}).run()
-    coordinator, delete = intent.actions
-    assert (coordinator.verb, coordinator.kind, coordinator.uid) == (DELETE, "Pod", "coord-uid-1")
-    assert (delete.verb, delete.kind, delete.propagation, delete.uid) == (DELETE, "Job", "Foreground", "job-uid")
+    old, new, delete = intent.actions
+    assert (old.verb, old.kind, old.uid) == (DELETE, "Pod", "coord-uid-1")
+    # The new gang's coordinator has a name of its own: made at once, beside the old one going away.
+    assert (new.verb, new.kind, new.name) == (CREATE, "Pod", "train-a2-rdzv")
+    assert (delete.verb, delete.kind, delete.name, delete.propagation, delete.uid) == (
+        DELETE, "Job", "train-a1", "Foreground", "job-uid")
     assert intent.status.phase == "Restarting"
 
 
-def test_the_next_gang_is_created_once_the_old_job_is_gone():
+def test_the_next_gang_is_created_once_the_old_job_is_gone_without_waiting_for_the_old_coordinator():
     w = W().status(attempt=2, recovery={"pendingGangRestart": "RendezvousFailed"})
     w.world.job, w.world.pods = None, []
-    # The old gang's coordinator still answers its DNS name: it goes first, the new gang waits for it.
-    assert verbs(w.run()) == [(DELETE, "Pod")]
-    w.world.coordinator = None
+    # The old gang's coordinator answers only its own name: the new gang does not wait for it to go.
     intent = w.run()
-    assert verbs(intent) == [(CREATE, "Pod"), (CREATE, "Job")]
-    assert intent.actions[1].body["metadata"]["annotations"][api.LABEL_ATTEMPT] == "2"
+    assert [(a.verb, a.kind, a.name) for a in intent.actions] == [
+        (DELETE, "Pod", "train-a1-rdzv"), (CREATE, "Pod", "train-a2-rdzv"), (CREATE, "Job", "train-a2")]
+    job = intent.actions[2].body
+    assert job["metadata"]["annotations"][api.LABEL_ATTEMPT] == "2"
     settled = settle(intent, [Result(a) for a in intent.actions], w.world, NOW)
     assert settled.status.recovery.pending_gang_restart == ""
     assert [e.reason for e in settled.events if e.done] == ["Created", "Created"]
+
+
+def old_gang(w: W, node_ready: str, phase: str = "Running") -> W:
+    """A gang restart under way: status names attempt 2; attempt 1's Job is being deleted (Foreground) and
+    its pod 1 is still terminating, on node n1 (Ready True, or lost: Unknown for 10 minutes)."""
+    w.status(attempt=2, recovery={"pendingGangRestart": "RendezvousFailed"}, restartStartedTime=ts(60))
+    w.job(1, deleting=True)
+    w.world.pods = [pod(1, phase=phase, deleting=30)]
+    w.world.nodes = {"n1": node("n1", node_ready, since=600), "cpu-0": node("cpu-0")}
+    return w
+
+
+@pytest.mark.parametrize("node_ready, phase, waits", [
+    ("True", "Running", True),  # stopping (and saving) on a node that answers: the new gang loads after it
+    ("True", "Failed", False),  # ended: nothing of it runs
+    ("Unknown", "Running", False),  # on a lost node: it may never confirm its end, and is out of reach
+])
+def test_the_new_gang_waits_for_old_pods_on_nodes_that_answer_only(node_ready: str, phase: str, waits: bool):
+    intent = old_gang(W(), node_ready, phase).run()
+    made = [(a.verb, a.kind, a.name) for a in intent.actions if a.verb == CREATE]
+    assert (CREATE, "Job", "train-a2") not in made if waits else (CREATE, "Job", "train-a2") in made
+    assert (CREATE, "Pod", "train-a2-rdzv") in made  # the coordinator never waits on the old gang
+    assert intent.status.job_restarts == 0 and intent.status.restarts == 0
+    fencing = next((c for c in intent.status.conditions if c["type"] == "WaitingForFencing"), {})
+    if node_ready == "Unknown":
+        assert fencing["status"] == "True" and fencing["reason"] == "OldGangNotFenced"
+        message = fencing["message"]
+        assert "pod train-1-x1 on node n1" in message and "attempt 2 runs under its own" in message
+
+
+def test_an_old_gangs_pod_on_an_unfenced_node_is_left_beside_the_new_gang_and_forced_once_fenced():
+    w = old_gang(W(), "Unknown")
+    old_job, old_pod = w.world.job, w.world.pods[0]
+    w.job(2)
+    w.world.job["metadata"]["uid"] = "job-uid-2"
+    w.world.pods = [pod(i, attempt=2) for i in range(2)]
+    w.world.nodes.update({"n0": node("n0"), "n2": node("n2")})
+    w.world.pods[1]["spec"]["nodeName"] = "n2"
+    w.world.old_jobs, w.world.old_pods = [old_job], [old_pod]
+    w.coordinator(2)
+    waiting = w.run()
+    assert not [a for a in waiting.actions if a.name == old_pod["metadata"]["name"]]  # never confirmed: not forced
+    assert waiting.status.phase == "Running" and waiting.status.job_restarts == 0
+    fencing = next(c for c in waiting.status.conditions if c["type"] == "WaitingForFencing")
+    assert (fencing["status"], fencing["reason"]) == ("True", "OldGangNotFenced")
+    w.world.nodes["n1"]["spec"]["taints"].append({"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"})
+    fenced = w.run()
+    (force,) = [a for a in fenced.actions if a.name == old_pod["metadata"]["name"]]
+    assert (force.verb, force.uid) == (FAIL_POD, old_pod["metadata"]["uid"])
+    assert fenced.status.job_restarts == 0 and fenced.status.restarts == 0 and fenced.status.disruptions == 0
+
+
+def test_older_jobs_are_deleted_and_a_job_deleted_by_someone_else_is_made_again_once_gone():
+    w = W()
+    older = owned(build_job(RTJ.from_body(w.body), 1), w.body, "job-uid-0")
+    older["metadata"]["annotations"][api.LABEL_ATTEMPT] = "0"
+    w.world.old_jobs = [older]
+    (delete,) = w.run().actions
+    assert (delete.verb, delete.kind, delete.uid, delete.propagation) == (DELETE, "Job", "job-uid-0", "Foreground")
+    w.world.old_jobs = []
+    w.job(1, deleting=True)  # this attempt's Job, deleted by hand: its name is taken until it is gone
+    assert not [a for a in w.run().actions if a.kind == "Job"]
+    w.world.job, w.world.pods = None, []
+    assert [(a.verb, a.name) for a in w.run().actions if a.kind == "Job"] == [(CREATE, "train-a1")]
 
 
 def test_suspend_patches_the_running_job_and_a_budget_edit_changes_nothing_in_it():
@@ -231,13 +304,18 @@ def test_a_job_an_earlier_operator_made_is_adopted_as_it_runs():
     """Its whole-spec hash differs from anything this operator computes: no new gang on an upgrade; the
     template hash is added and the old Job-wide backstop lifted."""
     w = W()
-    legacy = w.world.job
+    legacy = w.world.job = owned(build_job(RTJ.from_body(w.body), 1, name="train"), w.body, "job-uid")
     legacy["metadata"]["annotations"] = {api.LABEL_ATTEMPT: "1", api.ANNOTATION_LEGACY_SPEC_HASH: "0123abcd"}
     legacy["spec"].pop("backoffLimitPerIndex")
     legacy["spec"]["backoffLimit"] = 4
+    # Its coordinator, as that operator named it: this attempt's by its label, kept.
+    w.world.coordinator = owned(build_coordinator(RTJ.from_body(w.body), 1, "train"), w.body, "coord-uid-1")
+    w.world.coordinator["status"] = {"phase": "Running", "podIP": "10.0.0.9"}
+    assert w.world.coordinator["metadata"]["name"] == "train-rdzv"
     (patch,) = w.run().actions
-    assert patch.body == {"metadata": {"annotations": {api.ANNOTATION_TEMPLATE_HASH: template_hash(
-        build_job(RTJ.from_body(w.body)))}}, "spec": {"backoffLimit": 2**31 - 1}}
+    assert patch.name == "train" and patch.body == {"metadata": {"annotations": {
+        api.ANNOTATION_TEMPLATE_HASH: template_hash(build_job(RTJ.from_body(w.body), name="train"))}},
+        "spec": {"backoffLimit": 2**31 - 1}}
     assert w.run().status.attempt == 1
 
 
@@ -672,16 +750,45 @@ def test_a_capacity_probe_the_server_refuses_is_said_where_the_wait_is_and_fails
     assert condition(settled, "InvalidSpec")["status"] == "False"  # not the spec's fault
 
 
-def test_a_queued_gang_is_not_suspended_for_capacity():
-    """Kueue owns Job.spec.suspend: suspending for capacity released nothing (the Job stayed admitted) and
-    stopped the coordinator. The wait is said, and bounded by capacityTimeoutSeconds."""
+def workload(active: bool = True, admitted: bool = True) -> dict[str, Any]:
+    conds = [{"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""}] if admitted else []
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": "job-train-a1-1", "namespace": "default", "uid": "wl-uid"},
+            "spec": {"active": active}, "status": {"conditions": conds}}
+
+
+def test_a_queued_gang_short_of_capacity_releases_its_quota_through_kueue_and_is_queued_again_once_placed():
+    """Issue 29.2: Kueue owns Job.spec.suspend, so suspending for capacity released nothing (the Job stayed
+    admitted, its quota held for up to capacityTimeoutSeconds). Now its Workload is deactivated (Kueue
+    evicts it, suspends the Job, releases the quota), its capacity probes ask for room, and once all are
+    placed it is re-activated: Kueue queues it again. Recorded in status first; never charged."""
     w = waiting_since(W(queueName="team-a", restartBudget={"capacitySuspendSeconds": 300}), 301)
     w.world.pods[1] = unschedulable(1)
-    intent = w.run()
-    assert not intent.status.recovery.suspended_for_capacity and "SuspendingForCapacity" not in reasons(intent)
-    cond = condition(intent, "WaitingForCapacity")
-    assert cond["status"] == "True" and "not suspended for capacity" in cond["message"]
-    assert not [a for a in intent.actions if a.kind == "Pod" and a.verb == CREATE]
+    w.status(queue={"name": "team-a", "admitted": True, "activeRequested": True})
+    decided = w.run()
+    assert decided.status.recovery.suspended_for_capacity and decided.requeue.act
+    (event,) = [e for e in decided.events if e.reason == "SuspendingForCapacity"]
+    assert "deactivating its Kueue Workload to release its quota" in event.message
+    w.body["status"] = decided.status.to_dict()
+    w.world.workload = workload()
+    acting = w.run()
+    (deactivate,) = [a for a in acting.actions if a.kind == "Workload"]
+    assert deactivate.body == {"spec": {"active": False}} and "finds no node" in deactivate.event[2]
+    assert not [a for a in acting.actions if a.kind == "Job"]  # Kueue's to suspend
+    assert [a.name for a in acting.actions if a.verb == CREATE] == ["train-capacity-0", "train-capacity-1"]
+    assert (acting.status.job_restarts, acting.status.disruptions) == (0, 0)
+    # Kueue evicted it: the Job is suspended, its pods gone; the probes are all placed.
+    w.body["status"] = acting.status.to_dict()
+    w.world.job["spec"]["suspend"], w.world.pods, w.world.coordinator = True, [], None
+    w.world.workload = workload(active=False, admitted=False)
+    queued = condition(w.run(), "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", "SuspendedForCapacity"), queued
+    w.world.capacity_probes = probes(w, {0: "n0", 1: "new"})
+    resumed = w.run()
+    assert not resumed.status.recovery.suspended_for_capacity and "ResumingForCapacity" in reasons(resumed)
+    w.body["status"] = resumed.status.to_dict()
+    (activate,) = [a for a in w.run().actions if a.kind == "Workload"]
+    assert activate.body == {"spec": {"active": True}} and "queued again" in activate.event[2]
 
 
 def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason():
@@ -829,12 +936,12 @@ def test_a_coordinator_deleted_by_someone_else_is_the_platforms_loss(phase, evic
 def test_node_0_hosts_nothing_with_the_coordinator_and_everything_without_it():
     with_coordinator = build_job(RTJ.from_body(rtj_body()))["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in with_coordinator["env"]}
-    assert env["RTJ_RDZV_ENDPOINT"] == "train-rdzv.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "1"
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-a1-rdzv.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "1"
     assert "ports" not in with_coordinator
     without = build_job(RTJ.from_body(rtj_body(coordinator={"enabled": False})))["spec"]["template"]["spec"][
         "containers"][0]
     env = {e["name"]: e.get("value") for e in without["env"]}
-    assert env["RTJ_RDZV_ENDPOINT"] == "train-0.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "0"
+    assert env["RTJ_RDZV_ENDPOINT"] == "train-a1-0.train.default.svc:29400" and env["RTJ_COORDINATOR"] == "0"
     assert [p["containerPort"] for p in without["ports"]] == [29400, 29401, 29402]
     assert build_coordinator(RTJ.from_body(rtj_body(coordinator={"enabled": False})), 1) is None
 

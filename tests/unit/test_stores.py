@@ -238,8 +238,10 @@ def test_a_pass_reads_the_last_words_of_its_current_jobs_pods_only() -> None:
     stores = Stores()
     body = rtj_body()
     name, ns = body["metadata"]["name"], body["metadata"]["namespace"]
+    owner = [{"uid": body["metadata"]["uid"], "kind": api.KIND, "name": name}]
     stores.jobs.put({"kind": "Job", "metadata": {"name": name, "namespace": ns, "uid": "job-2", "resourceVersion": "5",
-                                                 "labels": {api.LABEL_NAME: name, api.LABEL_MANAGED_BY: api.MANAGER}}})
+                                                 "labels": {api.LABEL_NAME: name, api.LABEL_MANAGED_BY: api.MANAGER},
+                                                 "ownerReferences": owner}})
     for uid, job_uid in (("p-old", "job-1"), ("p-new", "job-2")):
         p = ended(uid, 10, '{"checkpointStep": 1}', job=name)
         p["metadata"].update(namespace=ns, uid=uid, ownerReferences=[{"uid": job_uid, "kind": "Job", "name": name}])
@@ -247,3 +249,50 @@ def test_a_pass_reads_the_last_words_of_its_current_jobs_pods_only() -> None:
         stores.pods.delete(p)
     world = World.from_stores(stores, body)
     assert [p["metadata"]["uid"] for p in world.departed] == ["p-new"] and world.pods == []
+
+
+def test_a_pass_sees_the_job_of_the_newest_attempt_and_the_older_gangs_apart() -> None:
+    """Each gang attempt has its own Job and coordinator (builders/names.py): the pass converges the newest
+    Job and its pods; an older attempt's Job (here an earlier operator's, named '<name>'), its pods and its
+    coordinator are the old gang, still going away; a Job or pod labelled like ours but not owned by the RTJ
+    (or its Jobs) is nobody's to count."""
+    from rtj_operator.builders import build_coordinator, build_job
+    from rtj_operator.spec import RTJ
+    from rtj_operator.world import World
+    from testkit import rtj_body
+    stores = Stores()
+    body = rtj_body()
+    body["status"] = {"attempt": 2}
+    rtj = RTJ.from_body(body)
+    ns, owner = rtj.namespace, [{"uid": rtj.uid, "kind": api.KIND, "name": rtj.name}]
+
+    def put(obj: dict[str, Any], uid: str, owners: list[dict[str, Any]]) -> dict[str, Any]:
+        obj["metadata"].update(uid=uid, resourceVersion="1", ownerReferences=owners)
+        (stores.jobs if obj["kind"] == "Job" else stores.pods).put(obj)
+        return obj
+
+    legacy = build_job(rtj, 1, name="train")
+    legacy["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    put(legacy, "job-1", owner)
+    put(build_job(rtj, 2), "job-2", owner)
+    put(build_job(rtj, 3, name="train-a9"), "job-x", [{"uid": "someone", "kind": "Deployment", "name": "x"}])
+    for name, job_uid in (("train-0-old", "job-1"), ("train-a2-0-new", "job-2"), ("stray", "job-x")):
+        put({"kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {
+            api.LABEL_NAME: rtj.name, api.LABEL_MANAGED_BY: api.MANAGER}}, "spec": {"nodeName": "n1"}},
+            f"uid-{name}", [{"uid": job_uid, "kind": "Job", "name": "j"}])
+    put(build_coordinator(rtj, 1, "train"), "coord-1", owner)
+    put(build_coordinator(rtj, 2), "coord-2", owner)
+    world = World.from_stores(stores, body)
+    assert world.job["metadata"]["name"] == "train-a2" and [j["metadata"]["name"] for j in world.old_jobs] == ["train"]
+    assert [p["metadata"]["name"] for p in world.pods] == ["train-a2-0-new"]
+    assert [p["metadata"]["name"] for p in world.old_pods] == ["train-0-old"]
+    assert world.coordinator["metadata"]["name"] == "train-a2-rdzv"
+    assert [p["metadata"]["name"] for p in world.old_coordinators] == ["train-rdzv"]
+    # Before attempt 2's Job exists, the newest is attempt 1's (being deleted): its pods are the pass's.
+    stores.jobs.delete(stores.jobs.get(ns, "train-a2"))
+    world = World.from_stores(stores, body)
+    assert world.job["metadata"]["name"] == "train" and world.old_jobs == []
+    assert [p["metadata"]["name"] for p in world.pods] == ["train-0-old"]
+    # A Job of someone else's holding this attempt's name is the pass's Job: a ChildConflict says so.
+    put(build_job(rtj, 2), "theirs", [{"uid": "someone", "kind": "Deployment", "name": "x"}])
+    assert World.from_stores(stores, body).job["metadata"]["uid"] == "theirs"

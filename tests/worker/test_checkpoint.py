@@ -173,6 +173,35 @@ def test_another_jobs_steps_are_neither_loaded_nor_pruned(tmp_path, group):
     assert complete_steps(tmp_path) == [50, 20]
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_rank_of_an_older_gang_attempt_commits_and_prunes_nothing_once_a_newer_one_started(
+        tmp_path, group, use_async):
+    """The attempt fence: a pod the operator left behind on a lost, unfenced node (the new gang starts
+    without it) may still run its ranks; once a newer attempt recorded its start, they commit, prune and
+    finish nothing, so the new gang's steps and the one it loads are safe. Another job's attempts and a
+    rank without an attempt (0, outside the operator) are not fenced."""
+    old = make(tmp_path, use_async=use_async, keep=1, attempt=1)
+    old.save(10, state(10))
+    old.finalize()
+    ckpt_index.claim_attempt(tmp_path, "job-a", 2)  # attempt 2's pods start
+    ckpt_index.claim_attempt(tmp_path, "job-a", 1)  # a late pod of attempt 1 does not lower it
+    assert ckpt_index.recorded_attempt(tmp_path, "job-a") == 2
+    old.save(20, state(20))  # its write lands in a temporary directory, and is not committed
+    old.finalize()
+    assert complete_steps(tmp_path, "job-a") == [10] and old.committed_step == 10
+    with pytest.raises(ckpt_index.Superseded, match="attempt 2 of this job has started"):
+        ckpt_index.write_finished(tmp_path, "job-a", 10, attempt=1)
+    new = make(tmp_path, use_async=use_async, keep=1, attempt=2)
+    assert new.load_latest(blank()) == 10
+    new.save(30, state(30))
+    new.finalize()
+    assert complete_steps(tmp_path, "job-a") == [30]  # the new gang commits and prunes
+    for other in (make(tmp_path, uid="job-b", attempt=1), make(tmp_path, attempt=0)):
+        other.save(40, state(40))
+        other.finalize()
+        assert other.committed_step == 40
+
+
 def test_no_checkpoint_starts_from_zero_and_leaves_state_alone(tmp_path, group):
     loaded = blank()
     assert make(tmp_path).load_latest(loaded) == 0

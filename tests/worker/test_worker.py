@@ -347,6 +347,15 @@ def test_a_user_script_failing_after_start_is_not_a_rendezvous_failure(tmp_path)
     assert "after spending its 0 restarts" in json.loads((tmp_path / "termination-log").read_text())["reason"]
 
 
+def test_the_entrypoint_records_its_gang_attempt_before_the_launcher_starts(tmp_path):
+    """The attempt fence (ckpt_index): from a pod's start, ranks of older attempts commit nothing."""
+    env = {**local.local_env(tmp_path, ranks=1), "RTJ_FT_MAX_RESTARTS": "0", "RTJ_ATTEMPT": "3", "RTJ_UID": "u1"}
+    from rtj_worker import ckpt_index
+    ckpt_index.claim_attempt(tmp_path / "ckpt", "u1", 2)
+    assert run(["python", "-c", "raise SystemExit(3)"], env) == exit_codes.LAUNCHER_BUDGET_EXHAUSTED
+    assert ckpt_index.recorded_attempt(tmp_path / "ckpt", "u1") == 3
+
+
 def test_a_users_megatron_style_script_reports_its_checkpoint_step(tmp_path):
     """Issue 28: a script the project does not own (plain DDP, NVRx's heartbeat API, Megatron-style
     checkpoints) shows its newest checkpoint step from latest_checkpointed_iteration.txt, live and at exit,

@@ -198,7 +198,8 @@ class Checkpointer:
 
     def __init__(self, root: str | Path, rank: int, world_size: int, use_async: bool = True, keep: int = 3,
                  uid: str = "", on_commit: Callable[[int, float], None] | None = None, writer: str = "thread",
-                 address: str | None = None, tiers: memstate.Tiers | None = None, local_world: int = 1):
+                 address: str | None = None, tiers: memstate.Tiers | None = None, local_world: int = 1,
+                 attempt: int = 0):
         if writer not in WRITERS:
             raise ValueError(f"checkpoint writer must be one of {', '.join(WRITERS)}, got {writer!r}")
         if writer == "process":
@@ -206,6 +207,7 @@ class Checkpointer:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size, self.keep, self.uid = rank, world_size, keep, uid
+        self.attempt = attempt  # the gang attempt (RTJ_ATTEMPT): the attempt fence of ckpt_index; 0: none
         self.use_async, self.on_commit = use_async, on_commit
         self.writer, self.address = writer, address
         self.group: dist.ProcessGroup | None = None
@@ -410,8 +412,8 @@ class Checkpointer:
         committed = 1
         if self.rank == 0:
             try:
-                ckpt_index.commit(self.root, tmp, step, self.uid, self.world_size)
-                ckpt_index.prune(self.root, self.keep, self.uid)
+                ckpt_index.commit(self.root, tmp, step, self.uid, self.world_size, self.attempt)
+                ckpt_index.prune(self.root, self.keep, self.uid, self.attempt)
             except OSError as exc:
                 log.error("checkpoint step %d could not be committed: %s", step, exc)
                 committed = 0

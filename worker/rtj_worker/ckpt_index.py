@@ -4,11 +4,18 @@
     <root>/.tmp-<uid>-<token>-step-<N>/   a save in progress (never loaded)
     <root>/latest_checkpointed_iteration.txt   newest committed step, for NVRx 0.6's progress tracker
     <root>/FINISHED-<uid>.json     training finished for this job, at that step (the entrypoint's exit 0)
+    <root>/ATTEMPT-<uid>           the newest gang attempt of this job that started (the attempt fence)
 
 A step is committed by writing COMPLETE inside its temporary directory (after every rank's write
 succeeded) and renaming the directory: a crash leaves either the old step or the new one, never a
 half-written step under a marker. COMPLETE records the RTJ's uid and every file's size, so a step of
 another job sharing the directory, a truncated shard or a corrupt marker is skipped, never loaded.
+
+The attempt fence: every pod of a gang records its attempt (RTJ_ATTEMPT) in ATTEMPT-<uid> when it starts
+(claim_attempt), and a rank of an older attempt commits, prunes and finishes nothing once a newer one is
+recorded (Superseded). The operator starts a new gang without waiting for an old pod on a lost, unfenced
+node (its instance may still run it); this keeps such a rank from committing a step beside the new gang,
+or pruning the step the new gang loads.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ MARKER = "COMPLETE"
 BAD = "UNLOADABLE"
 ITERATION_FILE = "latest_checkpointed_iteration.txt"
 FINISHED = "FINISHED-{uid}.json"
+ATTEMPT = "ATTEMPT-{uid}"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -123,8 +131,38 @@ def latest_iteration(root: Path) -> int:
         return 0
 
 
-def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int) -> Path:
-    """Seal the fully written `tmp` as step `step`: marker in it, then one rename."""
+class Superseded(OSError):
+    """A newer gang attempt of this job has started: this one's ranks commit nothing any more."""
+
+
+def recorded_attempt(root: Path, uid: str) -> int:
+    """The newest gang attempt of job `uid` that started here (0: none recorded)."""
+    try:
+        return int((root / ATTEMPT.format(uid=uid or "local")).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def claim_attempt(root: Path, uid: str, attempt: int) -> None:
+    """Record that gang `attempt` of job `uid` starts (every pod of it, at its start, before its ranks load):
+    from now on, ranks of older attempts commit nothing (fence). A newer record is left as it is."""
+    if attempt > recorded_attempt(root, uid):
+        root.mkdir(parents=True, exist_ok=True)  # before the ranks make it
+        write_durable(root / ATTEMPT.format(uid=uid or "local"), f"{attempt}\n")
+
+
+def fence(root: Path, uid: str, attempt: int, what: str) -> None:
+    """Raise Superseded if a newer gang attempt than `attempt` (0: not fenced) of job `uid` has started."""
+    newer = recorded_attempt(root, uid) if attempt else 0
+    if newer > attempt:
+        raise Superseded(f"{what}: gang attempt {newer} of this job has started, and this rank is of attempt "
+                         f"{attempt} (its pod outlived its gang, e.g. on a lost node)")
+
+
+def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int, attempt: int = 0) -> Path:
+    """Seal the fully written `tmp` as step `step`: marker in it, then one rename. `attempt`: the gang attempt
+    of the committing rank (fence; 0: none)."""
+    fence(root, uid, attempt, f"checkpoint step {step} not committed")
     files = {}
     for path in sorted(tmp.iterdir()):
         if path.is_file():
@@ -133,6 +171,7 @@ def commit(root: Path, tmp: Path, step: int, uid: str, world_size: int) -> Path:
             files[path.name] = path.stat().st_size
     marker = {"step": step, "uid": uid, "world_size": world_size, "time": time.time(), "files": files}
     write_durable(tmp / MARKER, json.dumps(marker))
+    fence(root, uid, attempt, f"checkpoint step {step} not committed")  # again, after the slow part
     final = step_dir(root, step)
     if final.exists():  # the same step saved again (after a restart): replace it whole
         old = root / f".old-{uuid.uuid4().hex[:8]}-{final.name}"
@@ -150,9 +189,10 @@ def mark_unloadable(root: Path, step: int) -> None:
     write_durable(step_dir(root, step) / BAD, "")
 
 
-def prune(root: Path, keep: int, uid: str) -> None:
+def prune(root: Path, keep: int, uid: str, attempt: int = 0) -> None:
     """Keep this job's `keep` newest whole steps, not counting any marked unloadable (those go too);
-    never touch another job's files."""
+    never touch another job's files, nor anything once a newer gang attempt started (fence)."""
+    fence(root, uid, attempt, "old checkpoints not pruned")
     ours = complete_steps(root, uid)
     kept = set(ours[:keep])
     for step in ours:
@@ -179,9 +219,10 @@ def prune(root: Path, keep: int, uid: str) -> None:
             shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def write_finished(root: Path, uid: str, step: int) -> None:
+def write_finished(root: Path, uid: str, step: int, attempt: int = 0) -> None:
     """Rank 0, after the final step was committed: training finished for job `uid` at `step`. One
     file per uid, not result.json: jobs may share the directory."""
+    fence(root, uid, attempt, "training not marked finished")
     write_durable(root / FINISHED.format(uid=uid or "local"),
                   json.dumps({"uid": uid, "step": step, "time": time.time()}))
 

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from . import exit_codes, progress, requirements, stop
-from .ckpt_index import finished, latest_iteration, latest_step
+from .ckpt_index import claim_attempt, finished, latest_iteration, latest_step
 from .crashloop import CrashLoop
 from .launch import (
     GROUP_FINISHED_LINE,
@@ -341,6 +341,12 @@ def _run(command: list[str], env: dict[str, str], shutdown: Shutdown, terminatio
     child_env["RTJ_STATE_DIR"] = str(state_dir)
     if shutdown.signum is not None:
         return stopped(cfg.checkpoint_dir, "before ft_launcher was started")
+    # This gang attempt starts: ranks of older ones (a pod left on a lost node) commit nothing from now on.
+    try:
+        claim_attempt(Path(cfg.checkpoint_dir), cfg.uid, int(env.get("RTJ_ATTEMPT") or 0))
+    except (OSError, ValueError) as exc:
+        log.warning("could not record gang attempt %s in %s (the attempt fence): %s", env.get("RTJ_ATTEMPT"),
+                    cfg.checkpoint_dir, exc)
     # The pod's one writer of its progress: what its ranks and its launcher say, coalesced.
     tracker = Tracker(state_dir, checkpoint_dir=Path(cfg.checkpoint_dir))
     reporter = PodReporter(tracker, sink_from_env(env)).start()

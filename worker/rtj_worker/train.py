@@ -606,12 +606,13 @@ def main(argv: list[str] | None = None) -> int:
     # What this rank tells its pod's entrypoint (rtj_worker.report); the run: this worker group on this node.
     progress = for_this_rank(os.environ)
     uid = os.environ.get("RTJ_UID", "")
+    attempt = int(os.environ.get("RTJ_ATTEMPT") or 0)
     tiers = memstate.Tiers.from_env(os.environ, rank, world, uid)
     ckpt = Checkpointer(args.checkpoint_dir, rank, world, use_async=not args.sync_checkpoint,
                         keep=args.checkpoint_keep, uid=uid, writer=args.checkpoint_writer,
                         address=ranks.own_address(host, os.environ) if args.checkpoint_writer == "process" else None,
                         on_commit=progress.commit, tiers=tiers,
-                        local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+                        local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), attempt=attempt)
     progress.tiers = tiers
     ft_client = RankMonitorClient()
     # A rank that leaves because peers left is not at fault: its pod's report counts no recovery for the
@@ -633,7 +634,11 @@ def main(argv: list[str] | None = None) -> int:
         result = {"steps": args.steps, **result, "world_size": world}
         (Path(args.checkpoint_dir) / "result.json").write_text(json.dumps(result))
         # train() returned only once step args.steps (or a later one) was committed, every rank agreed.
-        ckpt_index.write_finished(Path(args.checkpoint_dir), os.environ.get("RTJ_UID", ""), ckpt.committed_step)
+        try:
+            ckpt_index.write_finished(Path(args.checkpoint_dir), uid, ckpt.committed_step, attempt)
+        except ckpt_index.Superseded as exc:
+            log.error("%s", exc)
+            return exit_codes.OK
         log.info("training finished: %s", result)
     return exit_codes.OK
 

@@ -17,20 +17,23 @@ from typing import Any
 from .. import api
 from ..spec import RTJ
 from .job import CONTAINER, GPU, rendezvous_ports
-from .names import coordinator_name, labels, selector_labels, service_name
+from .names import coordinator_name, job_name, labels, selector_labels, service_name
 from .pod import image_pull_secrets, pod_metadata
 
+COMPONENT = "coordinator"  # its api.LABEL_COMPONENT
 RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
 # Autoscalers must not move it to consolidate nodes: its loss ends the gang's rendezvous (a gang restart
 # of every node). Karpenter's (v1) and Cluster Autoscaler's per-pod opt-outs; a drain still evicts it.
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 
-def build_coordinator(rtj: RTJ, attempt: int) -> dict[str, Any] | None:
+def build_coordinator(rtj: RTJ, attempt: int, job: str | None = None) -> dict[str, Any] | None:
+    """The coordinator of gang `attempt`, whose Job is named `job` (names.job_name unless it exists)."""
     spec, res = rtj.spec, rtj.spec["resiliency"]
     coordinator = spec["coordinator"]
     if not coordinator["enabled"]:
         return None
+    name = coordinator_name(job or job_name(rtj, attempt))
     tolerations = list(coordinator.get("tolerations") or [])
     if not any(t.get("key") == GPU for t in tolerations):
         tolerations.append({"key": GPU, "operator": "Exists", "effect": "NoSchedule"})
@@ -46,14 +49,14 @@ def build_coordinator(rtj: RTJ, attempt: int) -> dict[str, Any] | None:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": coordinator_name(rtj),
+            "name": name,
             "namespace": rtj.namespace,
-            **pod_metadata(rtj, {**labels(rtj, "coordinator"), api.LABEL_ATTEMPT: str(attempt)},
+            **pod_metadata(rtj, {**labels(rtj, COMPONENT), api.LABEL_ATTEMPT: str(attempt)},
                            {api.LABEL_ATTEMPT: str(attempt), **DO_NOT_DISRUPT}),
         },
         "spec": {
             "restartPolicy": "Never",  # its state is the gang's rendezvous: a new one means a new gang
-            "hostname": coordinator_name(rtj),
+            "hostname": name,
             "subdomain": service_name(rtj),
             "terminationGracePeriodSeconds": 30,
             "tolerations": tolerations,

@@ -55,11 +55,11 @@ def grace_seconds(rtj: RTJ, grace: int | None) -> int:
     return rtj.spec["resiliency"].get("terminationGracePeriodSeconds") or grace or api.DEFAULT_GRACE_SECONDS
 
 
-def _env(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -> list[dict[str, Any]]:
+def _env(rtj: RTJ, attempt: int, interval: int | None, grace: int | None, name: str) -> list[dict[str, Any]]:
     spec, res, ckpt = rtj.spec, rtj.spec["resiliency"], rtj.spec["checkpoint"]
     ipr = res["inProcessRestart"]
     port = res["rendezvousPort"]
-    host = rendezvous_host(rtj)
+    host = rendezvous_host(rtj, name)
     values = {
         "RTJ_NAME": rtj.name,
         "NNODES": str(rtj.nodes),
@@ -190,7 +190,7 @@ def _tolerations(rtj: RTJ) -> list[dict[str, Any]]:
     return tolerations
 
 
-def _pod_spec(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -> dict[str, Any]:
+def _pod_spec(rtj: RTJ, attempt: int, interval: int | None, grace: int | None, name: str) -> dict[str, Any]:
     spec, placement = rtj.spec, rtj.spec["placement"]
     node_selector = {"node.kubernetes.io/instance-type": placement["instanceType"],
                      **_as_dict(placement.get("nodeSelector"))}
@@ -199,7 +199,7 @@ def _pod_spec(rtj: RTJ, attempt: int, interval: int | None, grace: int | None) -
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
         "command": ["rtj-worker", "--", *spec["command"]],
-        "env": _env(rtj, attempt, interval, grace),
+        "env": _env(rtj, attempt, interval, grace, name),
         "resources": _resources(rtj),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -285,16 +285,19 @@ def template_hash(job: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None, grace: int | None = None) -> dict[str, Any]:
+def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None, grace: int | None = None,
+              name: str | None = None) -> dict[str, Any]:
     """The gang of `attempt`: recreated (attempt + 1) only when the whole gang must restart. `interval`: the
     checkpoint interval its pods were built with when not checkpoint.intervalSteps (policies/interval.py);
-    `grace`: their measured grace period when the spec sets none (policies/grace.py)."""
+    `grace`: their measured grace period when the spec sets none (policies/grace.py); `name`: the Job's
+    name, when it exists (an earlier operator's is '<name>'), else names.job_name."""
+    name = name or job_name(rtj, attempt)
     pods = rtj.pods
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(rtj),
+            "name": name,
             "namespace": rtj.namespace,
             # With a queue, Kueue admits the Job (its webhook suspends it at creation, its controller
             # un-suspends it once the gang's quota is reserved).
@@ -318,7 +321,7 @@ def build_job(rtj: RTJ, attempt: int = 1, interval: int | None = None, grace: in
             "template": {
                 "metadata": pod_metadata(rtj, {**labels(rtj, "workers"), api.LABEL_ATTEMPT: str(attempt)},
                                          _template_annotations(rtj)),
-                "spec": _pod_spec(rtj, attempt, interval, grace),
+                "spec": _pod_spec(rtj, attempt, interval, grace, name),
             },
         },
     }

@@ -21,8 +21,9 @@ def act_on(d: Draft, findings: list[ladder.Finding]) -> None:
                         event=("Warning", "EvictingPod", f"Evicting pod {f.pod}: {f.message}; the Job controller "
                                                          "replaces it on a healthy node")))
         elif f.action == ladder.FORCE:
-            pod = next(p for p in [*d.world.pods, *([d.world.coordinator] if d.world.coordinator else [])]
-                       if p["metadata"]["name"] == f.pod)
+            world = d.world
+            pod = next(p for p in [*world.pods, *([world.coordinator] if world.coordinator else []),
+                                   *world.old_pods, *world.old_coordinators] if p["metadata"]["name"] == f.pod)
             body = None
             if pod.get("status", {}).get("phase") != "Failed":
                 # As PodGC does: the pod is Failed (and a disruption) before it is deleted, so the Job

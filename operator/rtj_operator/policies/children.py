@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from .. import api
+from .. import api, ladder
 from ..actions import CREATE, DELETE, PATCH, Action
 from ..builders import (
     build_coordinator,
@@ -16,7 +16,6 @@ from ..builders import (
     build_network_policy,
     build_pvc,
     build_service,
-    job_name,
     network_policy_name,
     pvc_name,
     service_name,
@@ -31,7 +30,7 @@ from . import grace, interval
 from .kueue import queued
 from .phase import TERMINAL
 from .placement import gang_probes
-from .pods import coordinator_attempt, is_current, job_attempt, suspended_by_operator
+from .pods import is_current, job_attempt, suspended_by_operator
 
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
@@ -127,31 +126,32 @@ def rejected(d: Draft, kind: str, message: str) -> None:
 
 
 def ensure_job(d: Draft) -> None:
-    """Converge the Job to status.attempt: the gang that should run now."""
+    """Converge the Job to status.attempt: the gang that should run now. Each attempt has its own Job
+    (builders/names.py): an older gang's is deleted (Foreground: its pods first), and the new one is made
+    once none of the old gang's pods still runs on a node that answers (old_gang_in_the_way). A pod on a
+    lost node is not waited for: it cannot confirm its end until the node is fenced, which may take as
+    long as the instance lives; under its own names, the new gang is out of its reach."""
     rtj, job, status = d.rtj, d.world.job, d.status
     ledger = status.recovery
-    if job is not None and job["metadata"].get("deletionTimestamp"):
-        d.busy = True  # the old gang is still going away (Foreground: its pods first)
-        return
+    for old in d.world.old_jobs:
+        retire_job(d, old)
     if job is not None and job_attempt(job) < status.attempt:
-        # Status already says which gang runs next (written before this delete, see the module doc).
-        why = ledger.pending_gang_restart or "restart"
-        d.do(Action(DELETE, "Job", job_name(rtj), rtj.namespace, propagation="Foreground",
-                    uid=job["metadata"].get("uid", ""),
-                    event=("Normal", "RecreatingJob", f"Deleting Job {job_name(rtj)} (attempt {job_attempt(job)}) "
-                                                      f"for attempt {status.attempt}: {why}")))
+        if not job["metadata"].get("deletionTimestamp"):
+            retire_job(d, job, f"for attempt {status.attempt}: {ledger.pending_gang_restart or 'restart'}")
+            return
+        if old_gang_in_the_way(d):
+            d.busy = True  # its pods are stopping (and saving) on nodes that answer: the new gang loads after
+            return
+        job = None
+    elif job is not None and job["metadata"].get("deletionTimestamp"):
+        d.busy = True  # this attempt's Job, deleted by someone else: made again once it is gone
         return
     if job is None:
-        coordinator = d.world.coordinator
-        if coordinator is not None and (coordinator["metadata"].get("deletionTimestamp")
-                                        or coordinator_attempt(coordinator) < status.attempt):
-            d.busy = True  # the old gang's coordinator still answers its name: the new pods would find it
-            return
         # Made suspended for spec.suspend: the operator's to resume (with a queue, Kueue's instead).
         ledger.suspended_job = bool(rtj.spec["suspend"]) and not rtj.queue_name
         _create(d, build_job(rtj, status.attempt, interval.for_new_gang(d), grace.for_new_gang(d)))
         return
-    desired = build_job(rtj, status.attempt, interval.applied(rtj, job), grace.applied(rtj, job))
+    desired = build_job(rtj, status.attempt, interval.applied(rtj, job), grace.applied(rtj, job), d.job_name)
     annotations = job["metadata"].get("annotations") or {}
     have, want = annotations.get(api.ANNOTATION_TEMPLATE_HASH), template_hash(desired)
     if have is not None and have != want:
@@ -178,7 +178,7 @@ def ensure_job(d: Draft) -> None:
         ledger.suspended_job = suspend
         why = " to release its nodes: a pod of it finds no node (WaitingForCapacity)" if for_capacity else ""
         event = ("Normal", "Suspended" if suspend else "Resumed",
-                 f"Job {job_name(rtj)} {'suspended' if suspend else 'resumed'}{why}")
+                 f"Job {job['metadata']['name']} {'suspended' if suspend else 'resumed'}{why}")
     elif is_suspended == suspend:
         # Suspended as the operator wants it (whoever did it, a crash between the patch and the status write
         # included): the operator's to resume.
@@ -191,7 +191,35 @@ def ensure_job(d: Draft) -> None:
         if job["spec"].get("backoffLimitPerIndex") is None:
             patch.setdefault("spec", {})["backoffLimit"] = PER_INDEX_LIMIT
     if patch:
-        d.do(Action(PATCH, "Job", job_name(rtj), rtj.namespace, patch, event=event))
+        d.do(Action(PATCH, "Job", job["metadata"]["name"], rtj.namespace, patch, event=event))
+
+
+def retire_job(d: Draft, job: dict[str, Any], why: str = "an older gang's") -> None:
+    """Delete an older attempt's Job, Foreground: the Job stays until its pods are gone, so they stay
+    visible (World.old_pods) to be waited for or, on a fenced node, forced."""
+    meta = job["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    d.do(Action(DELETE, "Job", meta["name"], d.rtj.namespace, propagation="Foreground", uid=meta.get("uid", ""),
+                event=("Normal", "RecreatingJob", f"Deleting Job {meta['name']} (attempt {job_attempt(job)}) {why}")))
+
+
+def old_gang_in_the_way(d: Draft) -> list[str]:
+    """The older gangs' pods the new gang waits for: those still running on a node that answers. They get
+    their grace period to stop and save, and the new gang must load what they saved. Not waited for: a pod
+    that ended, one never bound, or one on a lost node (ladder.node_lost: it may never confirm its end)."""
+    world = d.world
+    stale = [*world.old_pods, *(world.pods if world.job is not None and job_attempt(world.job) < d.status.attempt
+                                else [])]
+    waiting = []
+    for pod in stale:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = world.nodes.get(node_name) if node_name else None
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") or node is None:
+            continue
+        if not ladder.node_lost(node, d.now):
+            waiting.append(pod["metadata"]["name"])
+    return waiting
 
 
 def next_attempt(d: Draft, reason: str, message: str) -> None:
@@ -206,24 +234,27 @@ def next_attempt(d: Draft, reason: str, message: str) -> None:
 
 
 def ensure_coordinator(d: Draft) -> None:
-    """The coordinator lives with its gang attempt: created before the Job (whose pods wait for its DNS
-    name), deleted with the gang (a new attempt), while the gang is suspended, and once the job is over.
-    Its loss is charged in reconcile.observe (ladder.coordinator_finding) as a new gang."""
+    """The coordinator lives with its gang attempt, under the attempt's name: created before the Job
+    (whose pods wait for its DNS name), deleted with the gang (a new attempt: the new one is made at once,
+    under its own name), while the gang is suspended, and once the job is over. Its loss is charged in
+    reconcile.observe (ladder.coordinator_finding) as a new gang."""
     rtj, status, have = d.rtj, d.status, d.world.coordinator
     job = d.world.job
+    for old in d.world.old_coordinators:
+        stop_coordinator(d, old)
     suspended = bool(rtj.spec["suspend"] or status.recovery.suspended_for_capacity
                      or (job is not None and (job.get("spec") or {}).get("suspend")))
     if have is not None:
-        if not have["metadata"].get("deletionTimestamp") and (
-                coordinator_attempt(have) < status.attempt or suspended or not rtj.spec["coordinator"]["enabled"]):
-            stop_coordinator(d)
+        if suspended or not rtj.spec["coordinator"]["enabled"]:
+            stop_coordinator(d, have)
         d.busy = d.busy or bool(have["metadata"].get("deletionTimestamp"))
         return
-    desired = build_coordinator(rtj, status.attempt)
-    # With the gang of this attempt only: a Job still going away is the old gang's. With a queue the Job
-    # is made suspended, so its coordinator waits for Kueue's admission too.
+    desired = build_coordinator(rtj, status.attempt, d.job_name)
+    # With the gang of this attempt, or just before its Job is made (an older gang's going away included).
+    # With a queue the Job is made suspended, so its coordinator waits for Kueue's admission too.
     this_gang = is_current(job, status.attempt)
-    if desired is not None and not suspended and (this_gang or (job is None and not rtj.queue_name)):
+    before_job = job is None or job_attempt(job) < status.attempt
+    if desired is not None and not suspended and (this_gang or (before_job and not rtj.queue_name)):
         _create(d, desired)
 
 
@@ -233,7 +264,7 @@ def ensure_capacity_probes(d: Draft) -> None:
     ended (evicted, or failed by its kubelet) or was built from another spec or exclusion list is deleted,
     and made again by a later pass. No event per probe: the suspension's event says they are made."""
     status = d.status
-    want = (bool(status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"] and not queued(d)
+    want = (bool(status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"]
             and d.old.get("phase") not in TERMINAL)
     desired = {p["metadata"]["name"]: p for p in gang_probes(d)} if want else {}
     have = {p["metadata"]["name"]: p for p in d.world.capacity_probes}
@@ -251,10 +282,9 @@ def ensure_capacity_probes(d: Draft) -> None:
             d.do(Action(CREATE, "Pod", name, d.rtj.namespace, pod, owner_uid=d.rtj.uid, best_effort=True))
 
 
-def stop_coordinator(d: Draft) -> None:
-    """Delete the coordinator on purpose: settled in status first (seen, never charged), so a pass that
+def stop_coordinator(d: Draft, have: dict[str, Any] | None) -> None:
+    """Delete a coordinator on purpose: settled in status first (seen, never charged), so a pass that
     reads it gone after the Job resumed (Kueue admits again within seconds) does not call it lost."""
-    have = d.world.coordinator
     if have is not None and not have["metadata"].get("deletionTimestamp"):
         uid = have["metadata"].get("uid", "")
         ledger = d.status.recovery

@@ -7,7 +7,6 @@ from typing import Any
 
 from .. import api, conditions
 from ..actions import PATCH, Action
-from ..builders import job_name
 from ..conditions import ADMITTED, QUEUED
 from ..draft import Draft
 from ..world import owned_by
@@ -72,24 +71,36 @@ def follow_suspend(d: Draft, before: dict) -> None:
     """spec.suspend is the user's switch of the Workload's spec.active (Kueue's own stop). The operator
     acts on a change of the switch, recorded first (status.queue.activeRequested), never on the
     Workload's state: one that Kueue (its requeue limit) or an admin (`kueuectl stop`) deactivated stays
-    so (queue_wait says how to start it again). A status from before the record acts as a change."""
+    so (queue_wait says how to start it again). A status from before the record acts as a change. A gang
+    suspended for capacity (placement.wait_for_capacity) is switched off the same way, and on again once its
+    capacity probes are placed."""
     assert d.status.queue is not None
-    wanted = not d.rtj.spec["suspend"]
+    for_capacity = bool(d.status.recovery.suspended_for_capacity)
+    wanted = not d.rtj.spec["suspend"] and not for_capacity
     d.status.queue["activeRequested"] = wanted
     if before.get("activeRequested") != wanted:
-        activate_workload(d, wanted, "spec.suspend is true" if not wanted else "spec.suspend is false")
+        why = ("spec.suspend is true" if d.rtj.spec["suspend"] else
+               "a pod of the gang finds no node: its quota and nodes are released until its capacity probes are "
+               "placed (WaitingForCapacity)" if for_capacity else
+               "queued again: spec.suspend is false, and the gang is not suspended for capacity")
+        activate_workload(d, wanted, why)
 
 
 def queue_wait(d: Draft, name: str) -> tuple[str, str]:
     """Why a queued gang does not run, from its Workload (Kueue's conditions carry the reason)."""
     wl = d.world.workload
+    if d.status.recovery.suspended_for_capacity:
+        return "SuspendedForCapacity", ((f"Workload {wl['metadata']['name']}" if wl is not None else "the Workload")
+                                        + " is deactivated by this operator while a pod of the gang finds no node: "
+                                        "its quota and nodes are released, and it is queued again once its "
+                                        "capacity probes are placed (WaitingForCapacity)")
     if wl is not None and not (wl.get("spec") or {}).get("active", True) and not d.rtj.spec["suspend"]:
         return "Deactivated", (f"Workload {wl['metadata']['name']} was deactivated by Kueue (its requeue limit) "
                                "or an admin, and stays so: set spec.suspend to true, then false, to queue the job "
                                "again")
     if wl is None:
         why = d.world.workload_error or "Kueue has not made a Workload for it yet"
-        return "WaitingForWorkload", (f"Job {job_name(d.rtj)} is suspended for LocalQueue {name}: {why} (is Kueue "
+        return "WaitingForWorkload", (f"Job {d.job_name} is suspended for LocalQueue {name}: {why} (is Kueue "
                                       "installed, and does it manage batch/job?)")
     evicted = _true(wl, "Evicted")
     if evicted is not None:

@@ -10,7 +10,7 @@ from rtj_worker.launch import stop_bounds
 from rtj_worker.report import FINISHED, STARTED, STARTED_SECONDS, TRAINING
 
 from .. import conditions, ladder, metrics, progress
-from ..builders import job_name, pvc_name, service_name
+from ..builders import pvc_name, service_name
 from ..conditions import (
     CREATED,
     FAILED,
@@ -61,7 +61,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
     complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
                    for c in job_conds)
     d.cond(CREATED, job is not None or bool(status.start_time), "ChildrenCreated",
-           f"Service {service_name(rtj)}, Job {job_name(rtj)} and PVC {pvc_name(rtj)}")
+           f"Service {service_name(rtj)}, Job {d.job_name} and PVC {pvc_name(rtj)}")
     d.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",
            "spec.suspend is true" if rtj.spec["suspend"] else "")
 
@@ -117,7 +117,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
             "message") or "waiting in its queue")
     elif held and not suspended_by_operator(job, ledger.suspended_job):
         status.phase = "Queued"
-        d.cond(RUNNING, False, "SuspendedExternally", f"Job {job_name(rtj)} was suspended by someone other than "
+        d.cond(RUNNING, False, "SuspendedExternally", f"Job {d.job_name} was suspended by someone other than "
                "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")
     elif restarting_since:
         status.phase = "Restarting"
@@ -209,25 +209,28 @@ FENCING_DO = ("deleted (as the cloud node lifecycle controller does once its ins
 FENCING_HOW = f"its index is replaced once the node is fenced: {FENCING_DO}"
 
 
-def report_waits(d: Draft, plan: ladder.Plan) -> None:
-    """Waits on the platform that outlast their timeout, each a condition (and an event when it begins)."""
+def report_waits(d: Draft, plan: ladder.Plan, old: ladder.Plan | None = None) -> None:
+    """Waits on the platform that outlast their timeout, each a condition (and an event when it begins).
+    `old`: the plan of older gangs' pods still going away (World.old_pods)."""
+    job = d.world.job
+    old_gang = job is not None and job_attempt(job) < d.status.attempt  # the new gang's Job is not made yet
+    unfenced_old = {**(plan.unfenced if old_gang else {}), **(old.unfenced if old is not None else {})}
     if plan.brake:
         waiting(d, WAITING_FOR_FENCING, "MassNodeLoss", f"{plan.brake}: likely a partition or a control-plane "
                 "problem, not node failures; nothing is evicted or charged for those nodes until they come back or "
                 "are fenced")
-    elif plan.unfenced:
+    elif plan.unfenced and not old_gang:
         pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(plan.unfenced.items()))
-        job = d.world.job
-        if job is not None and job["metadata"].get("deletionTimestamp") and job_attempt(job) < d.status.attempt:
-            # A gang restart: the old Job goes (Foreground) only once its pods have, and a pod on an unfenced
-            # node never confirms its deletion, so the new gang waits for the fencing too (issue 29.5).
-            waiting(d, WAITING_FOR_FENCING, "OldGangNotFenced", f"the new gang (attempt {d.status.attempt}) starts "
-                    f"once Job {job['metadata']['name']} of attempt {job_attempt(job)} is deleted, which waits for "
-                    f"{pods}: its ranks may still run, so none of the new gang's is started beside them; the old "
-                    f"pod goes, and the new gang starts, once the node is fenced: {FENCING_DO}")
-        else:
-            waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of "
-                    f"its index is started; {FENCING_HOW}")
+        waiting(d, WAITING_FOR_FENCING, "NodeNotFenced", f"{pods}: its ranks may still run, so no second pod of "
+                f"its index is started; {FENCING_HOW}")
+    elif unfenced_old:
+        # A gang restart: the old gang's pod on an unfenced node never confirms its end, so it is not waited
+        # for (ensure_job); the new gang runs under its own names beside it (issue 29.3).
+        pods = "; ".join(f"pod {pod} on node {node} ({why})" for node, (pod, why, _) in sorted(unfenced_old.items()))
+        waiting(d, WAITING_FOR_FENCING, "OldGangNotFenced", f"{pods}, of an earlier gang attempt: its ranks may "
+                f"still run, so it is deleted only once the node is fenced ({FENCING_DO}); meanwhile gang attempt "
+                f"{d.status.attempt} runs under its own Job, coordinator and hostnames, out of their reach, and a "
+                "checkpoint commit of theirs is refused (the checkpoint directory's attempt fence)")
     elif plan.in_grace:
         pods = "; ".join(f"pod {pod} on node {node} ({why} for {seconds:.0f}s)"
                          for node, (pod, why, seconds) in sorted(plan.in_grace.items()))

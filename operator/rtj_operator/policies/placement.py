@@ -43,8 +43,10 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     the scheduler placed one capacity probe per training node (builders/probe.py: the probes' pod events
     wake the job, so it resumes within a pass of room appearing, whether an autoscaler added a node or
     another workload freed one); after capacityTimeoutSeconds in all, end Failed with the platform's
-    reason (returned: the caller fails the job). With a queue, never suspended for capacity (Kueue owns
-    suspend). Never charged to the job (ladder.attribute excuses the survivors' failed rendezvous)."""
+    reason (returned: the caller fails the job). With a queue, its Workload is deactivated instead (Kueue
+    owns suspend, and releases the quota), and re-activated to resume: Kueue admits it again once its
+    ClusterQueue has the quota. Never charged to the job (ladder.attribute excuses the survivors' failed
+    rendezvous)."""
     ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
     if d.rtj.spec["suspend"]:
         return CapacityWait()
@@ -53,8 +55,6 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
         old.get("status") == "True" and old.get("reason") not in UNTIMED_WAITS) else None
     waited = (d.now - since).total_seconds() if since else 0.0
     whose, short = "the job's pods", False
-    if ledger.suspended_for_capacity and queued(d):
-        ledger.suspended_for_capacity = ""  # a queue took the Job over since (an edit): Kueue decides
     if ledger.suspended_for_capacity:
         placed, waiting_on = probes_placed(d)
         if placed >= d.rtj.nodes:
@@ -97,19 +97,17 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             what = old.get("message") or "a pod of the gang found no node"
         short = True
         waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", what)
-        if queued(d):
-            # Kueue owns Job.spec.suspend and admission: suspending would release nothing (the Job stays
-            # admitted) and stop the coordinator. The wait stays visible, bounded by capacityTimeoutSeconds
-            # (and by Kueue's waitForPodsReady where the cluster enables it).
-            waiting(d, WAITING_FOR_CAPACITY, "Unschedulable", f"{what}; with a queue the gang is not suspended "
-                    "for capacity (Kueue admits and evicts it): it waits")
-        elif waited >= budget["capacitySuspendSeconds"]:
+        if waited >= budget["capacitySuspendSeconds"]:
+            # Recorded first; the next pass suspends the Job or, with a queue (Kueue owns Job.spec.suspend),
+            # deactivates its Workload: Kueue then evicts it, suspends the Job and releases its quota
+            # (kueue.follow_suspend), and re-queues it once re-activated.
             ledger.suspended_for_capacity = timestamp(d.now)
+            how = ("deactivating its Kueue Workload to release its quota and nodes" if queued(d)
+                   else "suspending it to release its nodes")
             d.event("Warning", "SuspendingForCapacity", f"the gang has lacked a node for {waited:.0f}s "
-                                                       f"(restartBudget.capacitySuspendSeconds; {what}): suspending "
-                                                       f"it to release its nodes, with {d.rtj.nodes} capacity probes "
-                                                       "(pods shaped like the gang's) asking for room; it resumes "
-                                                       "once all are placed")
+                                                       f"(restartBudget.capacitySuspendSeconds; {what}): {how}, "
+                                                       f"with {d.rtj.nodes} capacity probes (pods shaped like the "
+                                                       "gang's) asking for room; it resumes once all are placed")
             suspended(d, 0, "")  # said in the same write that decides it: the Job is suspended before the next pass
             d.act = True
         else:
