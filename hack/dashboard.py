@@ -15,8 +15,10 @@ from typing import Any
 OUT = Path(__file__).resolve().parents[1] / "charts" / "rtj-operator" / "dashboards" / "rtj.json"
 # Every namespace may be picked (All: the whole cluster's jobs), and several jobs.
 JOB = 'namespace=~"$namespace", name=~"$job"'
-# A job's pods, for series of exporters that label by pod (DCGM's): its Indexed Job's <name>-<index>-<suffix>.
-PODS = 'namespace=~"$namespace", pod=~"($job)-[0-9]+-.+"'
+# A job's pods, for series of exporters that label by pod (DCGM's): its Indexed Jobs' <job>-<index>-<suffix>,
+# the Job being '<name>-a<attempt>' (an earlier operator's: '<name>'; a name past 55 characters is shortened
+# with a digest, builders/names.py, and not matched here).
+PODS = 'namespace=~"$namespace", pod=~"($job)(-a[0-9]+)?-[0-9]+-.+"'
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 

@@ -805,8 +805,8 @@ SPEC_SCHEMA: dict[str, Any] = _obj(
 NAME_RULE = _cel(
     f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches(r'{DNS1035_LABEL}')",
     f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters (lowercase letters, "
-    f"digits and '-', starting with a letter, no dots): it names the Service and, as '<name>-<index>', "
-    f"every pod's hostname")
+    f"digits and '-', starting with a letter, no dots): it names the Service and, as "
+    f"'<name>-a<attempt>-<index>', every pod's hostname")
 
 _CONDITION = _obj(
     {
@@ -958,7 +958,11 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                        "activeRequested": {"type": "boolean", "description": "The Workload's spec.active the "
                                            "operator last asked for (from spec.suspend, and off while the "
                                            "gang is suspended for capacity): it acts on a change of those "
-                                           "only, so a Workload Kueue or an admin deactivated stays so."}},
+                                           "only, so a Workload Kueue or an admin deactivated stays so."},
+                       "deactivatedForCapacity": {"type": "boolean", "description": "While the gang is suspended "
+                                                  "for capacity: whether the operator's own request deactivated "
+                                                  "its Workload (it was active), so that it re-activates it "
+                                                  "once the capacity probes are placed, and only then."}},
                       description="Kueue: the LocalQueue, the Workload Kueue made for the Job, whether it is "
                                   "admitted and by which ClusterQueue."),
         "recovery": _obj(

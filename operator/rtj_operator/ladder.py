@@ -329,6 +329,8 @@ class Plan:
 
 
 # --- nodes and pods ---------------------------------------------------------------------------------
+# node_loss's reasons for a node whose kubelet no longer answers (and so confirms no pod's end).
+NODE_DELETED, NODE_UNREACHABLE = "NodeDeleted", "NodeUnreachable"
 def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str, datetime.timedelta]:
     """Why a node can no longer run our pod ('' if it can) and for how long that has been so.
 
@@ -336,14 +338,14 @@ def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str,
     controller), so a node that flaps is judged by its current outage, not by its first one.
     """
     if node is None:
-        return "NodeDeleted", datetime.timedelta.max
+        return NODE_DELETED, datetime.timedelta.max
     ready = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None)
     unreachable = any(t.get("key") == "node.kubernetes.io/unreachable"
                       for t in node.get("spec", {}).get("taints") or [])
     if ready is not None and ready.get("status") == "True" and not unreachable:
         return "", datetime.timedelta(0)
     since = parse_time((ready or {}).get("lastTransitionTime")) or now
-    reason = "NodeUnreachable" if unreachable or (ready or {}).get("status") == "Unknown" else "NodeNotReady"
+    reason = NODE_UNREACHABLE if unreachable or (ready or {}).get("status") == "Unknown" else "NodeNotReady"
     return reason, max(now - since, datetime.timedelta(0))
 
 
@@ -535,7 +537,7 @@ def classify(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.dat
         return found(JOB_FAILURE, f"ExitCode{code}" if code is not None else "PodFailed", message)
 
     if phase in ("Pending", "Running") and lost:
-        if node_name and fenced and lost != "NodeDeleted":
+        if node_name and fenced and lost != NODE_DELETED:
             # Nothing runs there any more, so there is no blip to wait out and no rank to spare: failed and
             # deleted now, as PodGC does (a deleted Node's pod goes through the eviction below at once).
             return found(PLATFORM_FAULT, lost, f"node {node_name} of pod {name} is lost ({lost} for "

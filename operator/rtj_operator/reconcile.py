@@ -121,7 +121,8 @@ def terminal(d: Draft) -> Intent:
         if queued(d):
             activate_workload(d, False, "the job failed")
         elif not job["spec"].get("suspend"):
-            d.actions.append(Action(PATCH, "Job", d.job_name, d.rtj.namespace, {"spec": {"suspend": True}}))
+            d.actions.append(Action(PATCH, "Job", job["metadata"]["name"], d.rtj.namespace,
+                                    {"spec": {"suspend": True}}))
     for coordinator in (d.world.coordinator, *d.world.old_coordinators):
         stop_coordinator(d, coordinator)
     ensure_capacity_probes(d)  # none: a job that ended holds no node
@@ -165,9 +166,8 @@ def observe(d: Draft, converge: bool) -> None:
     stale = [*world.old_pods, *world.old_coordinators]
     old = None
     if stale:
-        names = {p.get("spec", {}).get("nodeName") for p in stale}
-        old = ladder.plan(stale, {n: node for n, node in world.nodes.items() if n in names}, set(), d.now,
-                          d.timing, world.cloud_fencing, world.zones, rules=d.config.node_health)
+        old = ladder.plan(stale, world.old_nodes, set(), d.now, d.timing, world.cloud_fencing,
+                          rules=d.config.node_health)
         if converge:
             act_on(d, [a for a in old.actions if a.action == ladder.FORCE])
     if plan.recheck is not None:

@@ -404,11 +404,11 @@ def is_label_key(key: Any) -> bool:
 def _name_errors(name: str) -> list[str]:
     if len(name) > MAX_NAME_LENGTH:
         return [f"metadata.name must be at most {MAX_NAME_LENGTH} characters so that pod "
-                f"hostnames '<name>-<index>' stay DNS labels (got {len(name)})"]
+                f"hostnames '<name>-a<attempt>-<index>' stay DNS labels (got {len(name)})"]
     if not _matches(api.DNS1035_LABEL, name):
         return [f"metadata.name {name!r} must be a DNS-1035 label (lowercase letters, digits and '-', "
                 f"starting with a letter and ending with a letter or digit, no dots): it names the "
-                f"Service and, as '<name>-<index>', every pod's hostname"]
+                f"Service and, as '<name>-a<attempt>-<index>', every pod's hostname"]
     return []
 
 

@@ -14,7 +14,7 @@ import kopf
 
 from . import api, ladder
 from .actions import rejected
-from .builders import build_job, build_pvc, job_name, network_policy_name, pvc_name, service_name
+from .builders import build_job, build_pvc, coordinator_name, job_name, network_policy_name, pvc_name, service_name
 from .builders.coordinator import COMPONENT as COORDINATOR_COMPONENT
 from .builders.job import template_hash, template_pod
 from .builders.names import selector_labels
@@ -55,6 +55,9 @@ class World:
     old_jobs: list[dict[str, Any]] = field(default_factory=list)
     old_pods: list[dict[str, Any]] = field(default_factory=list)
     old_coordinators: list[dict[str, Any]] = field(default_factory=list)
+    # Their nodes, apart from the gang's (`nodes`): an old pod's lost node is no loss of this gang's, and
+    # counts in none of its charges or brakes.
+    old_nodes: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     network_policy: dict[str, Any] | None = None  # the gang's (builders/network.py), if any
     # Answers from outside, asked for before the pass decides (probe()): (ok, reason, message) of the
     # storage check, when it ran; (accepted, message) of a server-side dry run of a changed Job.
@@ -103,10 +106,17 @@ class World:
         probes = [p for p in ours if component(p) == PROBE_COMPONENT]
         coordinators = sorted((p for p in ours if component(p) == COORDINATOR_COMPONENT),
                               key=lambda p: bool(p["metadata"].get("deletionTimestamp")))
-        coordinator = next((p for p in coordinators if coordinator_attempt(p) == attempt), None)
+        # This attempt's coordinator: of its attempt, and named after its Job (an earlier operator's gang
+        # keeps '<name>-rdzv'); any other is an older gang's, retired.
+        this_job = job["metadata"]["name"] if job is not None and job_attempt(job) == attempt else job_name(
+            rtj, attempt)
+        coordinator = next((p for p in coordinators if coordinator_attempt(p) == attempt
+                            and p["metadata"]["name"] == coordinator_name(this_job)), None)
         old_coordinators = [p for p in coordinators if p is not coordinator]
-        names = sorted({p.get("spec", {}).get("nodeName")
-                        for p in [*mine, *old_pods, *coordinators]} - {None, ""})
+        names = sorted({p.get("spec", {}).get("nodeName") for p in [*mine, *([coordinator] if coordinator else [])]}
+                       - {None, ""})
+        old_names = sorted({p.get("spec", {}).get("nodeName") for p in [*old_pods, *old_coordinators]}
+                           - {None, ""})
         if build_pvc(rtj) is None:
             pvc = None  # an existing claim is the user's: not read, not checked
         if network_policy is not None and not owned_by(network_policy, rtj.uid):
@@ -115,7 +125,8 @@ class World:
         # objects, shared, not copied: a pass only reads them (tests/unit/test_reconcile_table.py's W.run
         # checks every table's pass leaves them as they were). The few objects a pass may patch are copied.
         return cls(clone(rtj_body), clone(service), clone(job), clone(pvc), network_policy=clone(network_policy),
-                   pods=mine, nodes={n: node(n) for n in names}, coordinator=clone(coordinator),
+                   pods=mine, nodes={n: node(n) for n in names}, old_nodes={n: node(n) for n in old_names},
+                   coordinator=clone(coordinator),
                    capacity_probes=probes, old_jobs=[clone(j) for j in old_jobs], old_pods=old_pods,
                    old_coordinators=[clone(p) for p in old_coordinators],
                    departed=[p for p in departed if job_uid and owned_by(p, job_uid)], parsed=rtj)
@@ -142,7 +153,9 @@ class World:
         now = datetime.datetime.now(datetime.UTC)
         lost = {name: node for name, node in self.nodes.items() if node is not None and ladder.node_lost(node, now)}
         if cloud_fencing is not None:
-            self.cloud_fencing = {name: evidence for name, node in lost.items() if (evidence := cloud_fencing(node))}
+            self.cloud_fencing = {name: evidence for name, node in {**self.old_nodes, **lost}.items()
+                                  if node is not None and ladder.node_lost(node, now)
+                                  and (evidence := cloud_fencing(node))}
         if zone_health is not None:
             for node in lost.values():
                 zone = (node["metadata"].get("labels") or {}).get(ZONE_LABEL)
@@ -188,8 +201,8 @@ def current_job(jobs: list[dict[str, Any]], rtj: RTJ,
     ours = [j for j in unique if owned_by(j, rtj.uid)]
     stranger = next((j for j in unique if j["metadata"]["name"] == job_name(rtj, attempt)
                      and not owned_by(j, rtj.uid)), None)
-    if stranger is not None:
-        return stranger, ours
+    if stranger is not None and not any(job_attempt(j) == attempt for j in ours):
+        return stranger, ours  # in the way of the Job this attempt needs
     if not ours:
         return None, []
     newest = max(ours, key=lambda j: (job_attempt(j), not j["metadata"].get("deletionTimestamp")))

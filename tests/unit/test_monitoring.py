@@ -64,7 +64,13 @@ def test_the_dashboard_has_the_job_variables_and_the_rows():
     # Every namespace at once (All), and GPU series joined on the jobs' pods by their Indexed Job names.
     namespace = DASHBOARD["templating"]["list"][1]
     assert namespace["includeAll"] and namespace["allValue"] == ".*"
-    assert all('pod=~"($job)-[0-9]+-.+"' in e for e in targets() if "DCGM_" in e)
+    # A job's pods in every attempt ('<name>-a<attempt>-<index>-<suffix>; an earlier operator's
+    # '<name>-<index>-<suffix>'), not another job's whose name starts alike; Prometheus anchors the regex.
+    pods = {re.search(r'pod=~"([^"]+)"', e).group(1) for e in targets() if "DCGM_" in e}
+    (pattern,) = pods
+    matches = [bool(re.fullmatch(pattern.replace("$job", "train"), pod)) for pod in (
+        "train-a1-0-x7k2p", "train-a12-3-abcde", "train-0-x7k2p", "train-b-0-x7k2p", "trainer-a1-0-x", "train-a1")]
+    assert matches == [True, True, True, False, False, False], (pattern, matches)
     # Tables are instant queries in table format: one row per series, not frames over time.
     tables = [p for p in DASHBOARD["panels"] if p["type"] == "table"]
     assert tables and all(t["format"] == "table" and t["instant"] for p in tables for t in p["targets"])

@@ -265,13 +265,16 @@ def test_an_old_gangs_pod_on_an_unfenced_node_is_left_beside_the_new_gang_and_fo
     w.world.nodes.update({"n0": node("n0"), "n2": node("n2")})
     w.world.pods[1]["spec"]["nodeName"] = "n2"
     w.world.old_jobs, w.world.old_pods = [old_job], [old_pod]
+    w.world.old_nodes = {"n1": w.world.nodes.pop("n1")}  # not the gang's: no loss of it, no brake
     w.coordinator(2)
     waiting = w.run()
     assert not [a for a in waiting.actions if a.name == old_pod["metadata"]["name"]]  # never confirmed: not forced
     assert waiting.status.phase == "Running" and waiting.status.job_restarts == 0
     fencing = next(c for c in waiting.status.conditions if c["type"] == "WaitingForFencing")
     assert (fencing["status"], fencing["reason"]) == ("True", "OldGangNotFenced")
-    w.world.nodes["n1"]["spec"]["taints"].append({"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"})
+    assert "n1" not in json.dumps(waiting.status.to_dict().get("recovery") or {})  # no loss of this gang's
+    w.world.old_nodes["n1"]["spec"]["taints"].append({"key": "node.kubernetes.io/out-of-service",
+                                                      "effect": "NoExecute"})
     fenced = w.run()
     (force,) = [a for a in fenced.actions if a.name == old_pod["metadata"]["name"]]
     assert (force.verb, force.uid) == (FAIL_POD, old_pod["metadata"]["uid"])
@@ -789,6 +792,26 @@ def test_a_queued_gang_short_of_capacity_releases_its_quota_through_kueue_and_is
     w.body["status"] = resumed.status.to_dict()
     (activate,) = [a for a in w.run().actions if a.kind == "Workload"]
     assert activate.body == {"spec": {"active": True}} and "queued again" in activate.event[2]
+
+
+def test_a_workload_someone_else_deactivated_is_not_activated_when_the_capacity_wait_ends():
+    """Kueue's requeue limit or an admin (`kueuectl stop`) deactivated the Workload before the operator's
+    capacity suspension would have: once the probes are placed, it stays deactivated (Queued, Deactivated)."""
+    w = waiting_since(W(queueName="team-a", restartBudget={"capacitySuspendSeconds": 300}), 301)
+    w.world.pods[1] = unschedulable(1)
+    w.status(queue={"name": "team-a", "admitted": True, "activeRequested": True})
+    w.body["status"] = w.run().status.to_dict()
+    w.world.workload = workload(active=False, admitted=False)
+    acting = w.run()
+    assert not [a for a in acting.actions if a.kind == "Workload"]
+    assert acting.status.queue["deactivatedForCapacity"] is False
+    w.body["status"] = acting.status.to_dict()
+    w.world.job["spec"]["suspend"], w.world.pods, w.world.coordinator = True, [], None
+    w.world.capacity_probes = probes(w, {0: "n0", 1: "new"})
+    w.body["status"] = w.run().status.to_dict()  # resumed: suspendedForCapacity cleared
+    after = w.run()
+    assert not [a for a in after.actions if a.kind == "Workload"]
+    assert condition(after, "Queued")["reason"] == "Deactivated"
 
 
 def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason():

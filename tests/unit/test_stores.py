@@ -293,6 +293,19 @@ def test_a_pass_sees_the_job_of_the_newest_attempt_and_the_older_gangs_apart() -
     world = World.from_stores(stores, body)
     assert world.job["metadata"]["name"] == "train" and world.old_jobs == []
     assert [p["metadata"]["name"] for p in world.pods] == ["train-0-old"]
-    # A Job of someone else's holding this attempt's name is the pass's Job: a ChildConflict says so.
+    # A Job of someone else's holding the name this attempt needs is the pass's Job: a ChildConflict says so.
     put(build_job(rtj, 2), "theirs", [{"uid": "someone", "kind": "Deployment", "name": "x"}])
     assert World.from_stores(stores, body).job["metadata"]["uid"] == "theirs"
+    # Unless this attempt's Job is ours under an earlier operator's name: then that stranger is in nobody's way.
+    body["status"] = {"attempt": 1}
+    world = World.from_stores(stores, body)
+    assert world.job["metadata"]["uid"] == "job-1"
+    # A coordinator of this attempt but named for another Job (made by an earlier operator before it made the
+    # Job) is not this gang's: its pods look for '<job>-rdzv'.
+    assert world.coordinator["metadata"]["name"] == "train-rdzv"
+    body["status"] = {"attempt": 2}
+    stores.jobs.delete(stores.jobs.get(ns, "train-a2"))
+    put(build_coordinator(rtj, 2, "train"), "coord-2-legacy", owner)
+    stores.pods.delete(stores.pods.get(ns, "train-a2-rdzv"))
+    world = World.from_stores(stores, body)
+    assert world.coordinator is None and {p["metadata"]["uid"] for p in world.old_coordinators} == {"coord-2-legacy"}

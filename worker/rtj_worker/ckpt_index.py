@@ -4,18 +4,20 @@
     <root>/.tmp-<uid>-<token>-step-<N>/   a save in progress (never loaded)
     <root>/latest_checkpointed_iteration.txt   newest committed step, for NVRx 0.6's progress tracker
     <root>/FINISHED-<uid>.json     training finished for this job, at that step (the entrypoint's exit 0)
-    <root>/ATTEMPT-<uid>           the newest gang attempt of this job that started (the attempt fence)
+    <root>/ATTEMPT-<uid>-<n>       gang attempt n of this job has started (the attempt fence)
 
 A step is committed by writing COMPLETE inside its temporary directory (after every rank's write
 succeeded) and renaming the directory: a crash leaves either the old step or the new one, never a
 half-written step under a marker. COMPLETE records the RTJ's uid and every file's size, so a step of
 another job sharing the directory, a truncated shard or a corrupt marker is skipped, never loaded.
 
-The attempt fence: every pod of a gang records its attempt (RTJ_ATTEMPT) in ATTEMPT-<uid> when it starts
-(claim_attempt), and a rank of an older attempt commits, prunes and finishes nothing once a newer one is
-recorded (Superseded). The operator starts a new gang without waiting for an old pod on a lost, unfenced
-node (its instance may still run it); this keeps such a rank from committing a step beside the new gang,
-or pruning the step the new gang loads.
+The attempt fence: every pod of a gang records that its attempt (RTJ_ATTEMPT) started, one file per
+attempt (claim_attempt: created, never rewritten, so the record only grows), and a rank of an older
+attempt commits, prunes and finishes nothing once a newer one is recorded (Superseded). The operator
+starts a new gang without waiting for an old pod on a lost, unfenced node (its instance may still run
+it); this keeps such a rank from committing a step beside the new gang or pruning the step it loads. A
+commit checks before and after writing its marker: only one already past the second check when the new
+gang starts can still land (it is a whole step, and the new gang's next commit of that step replaces it).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ MARKER = "COMPLETE"
 BAD = "UNLOADABLE"
 ITERATION_FILE = "latest_checkpointed_iteration.txt"
 FINISHED = "FINISHED-{uid}.json"
-ATTEMPT = "ATTEMPT-{uid}"
+ATTEMPT = "ATTEMPT-{uid}-"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -137,18 +139,23 @@ class Superseded(OSError):
 
 def recorded_attempt(root: Path, uid: str) -> int:
     """The newest gang attempt of job `uid` that started here (0: none recorded)."""
+    prefix = ATTEMPT.format(uid=uid or "local")
     try:
-        return int((root / ATTEMPT.format(uid=uid or "local")).read_text().strip())
-    except (OSError, ValueError):
+        names = [p.name[len(prefix):] for p in root.glob(f"{prefix}*")]
+    except OSError:
         return 0
+    return max((int(n) for n in names if n.isdigit()), default=0)
 
 
 def claim_attempt(root: Path, uid: str, attempt: int) -> None:
     """Record that gang `attempt` of job `uid` starts (every pod of it, at its start, before its ranks load):
-    from now on, ranks of older attempts commit nothing (fence). A newer record is left as it is."""
-    if attempt > recorded_attempt(root, uid):
+    from now on, ranks of older attempts commit nothing (fence). One file per attempt, so a late claim of an
+    older attempt never hides a newer one."""
+    if attempt > 0:
         root.mkdir(parents=True, exist_ok=True)  # before the ranks make it
-        write_durable(root / ATTEMPT.format(uid=uid or "local"), f"{attempt}\n")
+        path = root / f"{ATTEMPT.format(uid=uid or 'local')}{attempt}"
+        if not path.exists():
+            write_durable(path, f"{attempt}\n")
 
 
 def fence(root: Path, uid: str, attempt: int, what: str) -> None:

@@ -21,8 +21,10 @@ def service_name(rtj: RTJ) -> str:
 def job_name(rtj: RTJ, attempt: int) -> str:
     """The Job of gang `attempt`: '<name>-a<attempt>', at most api.MAX_NAME_LENGTH characters so that its
     pods' hostnames '<job>-<index>' stay DNS labels. A name too long for the suffix keeps a prefix and a
-    digest of the whole name (deterministic; an object of that name that is not ours is a ChildConflict).
-    Unambiguous: the suffix after the last '-a' is the attempt, so two RTJs never share a Job name."""
+    digest of the whole name. Names of two RTJs differ unless one is long and the other is named exactly
+    like its shortened form (digest included), or an earlier operator's Job named '<name>' of an RTJ named
+    like '<other>-a<n>' is in the way: ownership decides, and a Job that is not the RTJ's is a
+    ChildConflict."""
     suffix = f"-a{attempt}"
     room = api.MAX_NAME_LENGTH - len(suffix)
     if len(rtj.name) <= room:

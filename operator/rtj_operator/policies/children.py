@@ -205,19 +205,19 @@ def retire_job(d: Draft, job: dict[str, Any], why: str = "an older gang's") -> N
 
 
 def old_gang_in_the_way(d: Draft) -> list[str]:
-    """The older gangs' pods the new gang waits for: those still running on a node that answers. They get
-    their grace period to stop and save, and the new gang must load what they saved. Not waited for: a pod
-    that ended, one never bound, or one on a lost node (ladder.node_lost: it may never confirm its end)."""
+    """The older gangs' pods the new gang waits for: those still running on a node whose kubelet answers
+    (Ready, or NotReady but reporting: it stops the pod and confirms). They get their grace period to stop
+    and save, and the new gang must load what they saved. Not waited for: a pod that ended, one never
+    bound, or one on a node gone or unreachable (it may never confirm its end until fenced)."""
     world = d.world
-    stale = [*world.old_pods, *(world.pods if world.job is not None and job_attempt(world.job) < d.status.attempt
-                                else [])]
+    old_gang = world.job is not None and job_attempt(world.job) < d.status.attempt
+    stale = [(p, world.old_nodes) for p in world.old_pods] + [(p, world.nodes) for p in world.pods if old_gang]
     waiting = []
-    for pod in stale:
+    for pod, nodes in stale:
         node_name = (pod.get("spec") or {}).get("nodeName")
-        node = world.nodes.get(node_name) if node_name else None
-        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") or node is None:
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") or not node_name:
             continue
-        if not ladder.node_lost(node, d.now):
+        if ladder.node_lost(nodes.get(node_name), d.now) not in (ladder.NODE_UNREACHABLE, ladder.NODE_DELETED):
             waiting.append(pod["metadata"]["name"])
     return waiting
 

@@ -75,10 +75,19 @@ def follow_suspend(d: Draft, before: dict) -> None:
     suspended for capacity (placement.wait_for_capacity) is switched off the same way, and on again once its
     capacity probes are placed."""
     assert d.status.queue is not None
-    for_capacity = bool(d.status.recovery.suspended_for_capacity)
+    queue, wl = d.status.queue, d.world.workload
+    for_capacity = bool(d.status.recovery.suspended_for_capacity) and not d.rtj.spec["suspend"]
     wanted = not d.rtj.spec["suspend"] and not for_capacity
-    d.status.queue["activeRequested"] = wanted
+    queue["activeRequested"] = wanted
+    if for_capacity:
+        # Whether the operator's own patch switches it off (it was on): only then is it switched on again once
+        # the probes are placed; one Kueue (its requeue limit) or an admin deactivated stays so.
+        mine = before.get("deactivatedForCapacity")
+        queue["deactivatedForCapacity"] = mine if mine is not None else bool(
+            wl is None or (wl.get("spec") or {}).get("active", True))
     if before.get("activeRequested") != wanted:
+        if wanted and before.get("deactivatedForCapacity") is False and not d.rtj.spec["suspend"]:
+            return
         why = ("spec.suspend is true" if d.rtj.spec["suspend"] else
                "a pod of the gang finds no node: its quota and nodes are released until its capacity probes are "
                "placed (WaitingForCapacity)" if for_capacity else
