@@ -211,15 +211,21 @@ def old_gang_in_the_way(d: Draft) -> list[str]:
     bound, or one on a node gone or unreachable (it may never confirm its end until fenced)."""
     world = d.world
     old_gang = world.job is not None and job_attempt(world.job) < d.status.attempt
-    stale = [(p, world.old_nodes) for p in world.old_pods] + [(p, world.nodes) for p in world.pods if old_gang]
-    waiting = []
-    for pod, nodes in stale:
+    return (still_running(d, world.old_pods, world.old_nodes)
+            + still_running(d, world.pods if old_gang else [], world.nodes))
+
+
+def still_running(d: Draft, pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None]) -> list[str]:
+    """The names of `pods` that have not ended and are bound to a node whose kubelet answers (it will stop
+    them and confirm): not to one that is gone or unreachable."""
+    running = []
+    for pod in pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
         if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") or not node_name:
             continue
         if ladder.node_lost(nodes.get(node_name), d.now) not in (ladder.NODE_UNREACHABLE, ladder.NODE_DELETED):
-            waiting.append(pod["metadata"]["name"])
-    return waiting
+            running.append(pod["metadata"]["name"])
+    return running
 
 
 def next_attempt(d: Draft, reason: str, message: str) -> None:
@@ -251,10 +257,16 @@ def ensure_coordinator(d: Draft) -> None:
         return
     desired = build_coordinator(rtj, status.attempt, d.job_name)
     # With the gang of this attempt, or just before its Job is made (an older gang's going away included).
-    # With a queue the Job is made suspended, so its coordinator waits for Kueue's admission too.
+    # With a queue the Job is made suspended, so its coordinator waits for Kueue's admission too. Not while
+    # an older one still runs on a node that answers (it stops within its 30 s grace): they would share
+    # nothing by name, but where pods share their node's network (hostNetwork, the tests' node agents)
+    # they would share the rendezvous ports. The gang's pods stay gated meanwhile (awaiting_coordinator).
     this_gang = is_current(job, status.attempt)
     before_job = job is None or job_attempt(job) < status.attempt
     if desired is not None and not suspended and (this_gang or (before_job and not rtj.queue_name)):
+        if still_running(d, d.world.old_coordinators, d.world.old_nodes):
+            d.busy = True
+            return
         _create(d, desired)
 
 
