@@ -58,6 +58,10 @@ def pods(cluster, ns):
     # The policy is enforced once the API server's policy informer has it; the RBAC once its cache has the binding.
     wait_until(lambda: "Forbidden" in patch_status(cluster, ns, "other", token, report()) or None, timeout=30,
                what="the worker-reports policy to be enforced", interval=0.5)
+    # The scheduler's verdict on the pod (PodScheduled) lands once: before a test compares the pod's
+    # conditions across a refused write, not between its two reads (seen once in CI).
+    wait_until(lambda: "PodScheduled" in conditions(cluster, ns, "mine"), timeout=30,
+               what="the scheduler's PodScheduled condition on the pod")
     return mine, other, token
 
 
