@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from . import conditions, health, ladder, metrics
 from .actions import Action
-from .builders.names import job_name
-from .policies.pods import job_attempt
+from .policies.pods import attempt_job_name
 from .status import Status
 from .world import World
 
@@ -88,12 +87,9 @@ class Draft:
 
     @property
     def job_name(self) -> str:
-        """The name of status.attempt's Job: the one that exists (an earlier operator's is '<name>'), or the
-        one it gets (builders/names.py)."""
-        job = self.world.job
-        if job is not None and job_attempt(job) == self.status.attempt:
-            return job["metadata"]["name"]
-        return job_name(self.rtj, self.status.attempt)
+        """The name of status.attempt's Job (status.attempt may be ahead of the World's: a gang restart
+        decided in this pass)."""
+        return attempt_job_name(self.world.job, self.rtj, self.status.attempt)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.events.append(Event(type_, reason, message))

@@ -22,7 +22,7 @@ from .builders.probe import COMPONENT as PROBE_COMPONENT
 from .copies import clone
 from .kube import Kube, KubeError
 from .policies import grace, interval
-from .policies.pods import addressed_coordinator, coordinator_attempt, gated, job_attempt
+from .policies.pods import addressed_coordinator, attempt_job_name, coordinator_attempt, gated, job_attempt
 from .spec import RTJ
 from .stores import Stores
 
@@ -108,8 +108,7 @@ class World:
                               key=lambda p: bool(p["metadata"].get("deletionTimestamp")))
         # This attempt's coordinator: of its attempt, and named after its Job (an earlier operator's gang
         # keeps '<name>-rdzv'); any other is an older gang's, retired.
-        this_job = job["metadata"]["name"] if job is not None and job_attempt(job) == attempt else job_name(
-            rtj, attempt)
+        this_job = attempt_job_name(job, rtj, attempt)
         coordinator = next((p for p in coordinators if coordinator_attempt(p) == attempt
                             and p["metadata"]["name"] == coordinator_name(this_job)), None)
         old_coordinators = [p for p in coordinators if p is not coordinator]

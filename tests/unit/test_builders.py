@@ -18,6 +18,7 @@ from rtj_operator.builders import (
     service_name,
 )
 from rtj_operator.builders.job import EFA, GPU, template_hash
+from rtj_operator.policies.pods import attempt_job_name, is_older
 from rtj_operator.spec import RTJ
 from rtj_worker import exit_codes
 from testkit import rtj_body
@@ -204,6 +205,15 @@ def test_every_attempt_has_its_own_job_name_that_keeps_hostnames_dns_labels(name
         assert re.fullmatch(api.DNS1035_LABEL, job) and job.endswith(f"-a{attempt}")
         assert job != job_name(r, attempt + 1) and job != job_name(other, attempt)
     assert job_name(r, 1) == job_name(rtj_named(name), 1)  # deterministic
+
+
+def test_the_name_of_an_attempts_job_is_the_existing_ones_or_the_one_it_gets():
+    """World (this attempt's coordinator) and Draft (status.attempt, maybe one ahead) ask the same rule."""
+    r = rtj()
+    legacy = {"metadata": {"name": "train", "annotations": {api.LABEL_ATTEMPT: "2"}}}
+    assert attempt_job_name(legacy, r, 2) == "train"  # an earlier operator's gang keeps its name
+    assert attempt_job_name(legacy, r, 3) == "train-a3" and attempt_job_name(None, r, 1) == "train-a1"
+    assert is_older(legacy, 3) and not is_older(legacy, 2) and not is_older(None, 3)
 
 
 def test_builders_do_not_crash_on_wrong_shaped_parts():

@@ -30,7 +30,7 @@ from . import grace, interval
 from .kueue import queued
 from .phase import TERMINAL
 from .placement import gang_probes
-from .pods import is_current, job_attempt, suspended_by_operator
+from .pods import is_current, is_older, job_attempt, suspended_by_operator
 
 # Service fields the operator owns (the API server defaults the rest, e.g. clusterIPs).
 SERVICE_FIELDS = ("ports", "selector", "publishNotReadyAddresses")
@@ -135,7 +135,7 @@ def ensure_job(d: Draft) -> None:
     ledger = status.recovery
     for old in d.world.old_jobs:
         retire_job(d, old)
-    if job is not None and job_attempt(job) < status.attempt:
+    if is_older(job, status.attempt):
         if not job["metadata"].get("deletionTimestamp"):
             retire_job(d, job, f"for attempt {status.attempt}: {ledger.pending_gang_restart or 'restart'}")
             return
@@ -210,7 +210,7 @@ def old_gang_in_the_way(d: Draft) -> list[str]:
     and save, and the new gang must load what they saved. Not waited for: a pod that ended, one never
     bound, or one on a node gone or unreachable (it may never confirm its end until fenced)."""
     world = d.world
-    old_gang = world.job is not None and job_attempt(world.job) < d.status.attempt
+    old_gang = is_older(world.job, d.status.attempt)
     return (still_running(d, world.old_pods, world.old_nodes)
             + still_running(d, world.pods if old_gang else [], world.nodes))
 
@@ -262,7 +262,7 @@ def ensure_coordinator(d: Draft) -> None:
     # nothing by name, but where pods share their node's network (hostNetwork, the tests' node agents)
     # they would share the rendezvous ports. The gang's pods stay gated meanwhile (awaiting_coordinator).
     this_gang = is_current(job, status.attempt)
-    before_job = job is None or job_attempt(job) < status.attempt
+    before_job = job is None or is_older(job, status.attempt)
     if desired is not None and not suspended and (this_gang or (before_job and not rtj.queue_name)):
         if still_running(d, d.world.old_coordinators, d.world.old_nodes):
             d.busy = True

@@ -25,7 +25,7 @@ from ..conditions import (
 from ..draft import Draft
 from . import grace, interval
 from .kueue import queued
-from .pods import is_current, job_attempt, job_nodes, ready_since, running_ready, suspended_by_operator
+from .pods import is_current, is_older, job_nodes, ready_since, running_ready, suspended_by_operator
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -213,7 +213,7 @@ def report_waits(d: Draft, plan: ladder.Plan, old: ladder.Plan | None = None) ->
     """Waits on the platform that outlast their timeout, each a condition (and an event when it begins).
     `old`: the plan of older gangs' pods still going away (World.old_pods)."""
     job = d.world.job
-    old_gang = job is not None and job_attempt(job) < d.status.attempt  # the new gang's Job is not made yet
+    old_gang = is_older(job, d.status.attempt)
     unfenced_old = {**(plan.unfenced if old_gang else {}), **(old.unfenced if old is not None else {})}
     if plan.brake:
         waiting(d, WAITING_FOR_FENCING, "MassNodeLoss", f"{plan.brake}: likely a partition or a control-plane "

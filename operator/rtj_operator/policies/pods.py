@@ -7,12 +7,26 @@ import datetime
 from typing import Any
 
 from .. import api, conditions
+from ..builders.names import job_name
 from ..spec import RTJ
 
 
 def is_current(job: dict[str, Any] | None, attempt: int) -> bool:
     """The Job is this attempt's gang and not going away."""
     return job is not None and job_attempt(job) == attempt and not job["metadata"].get("deletionTimestamp")
+
+
+def is_older(job: dict[str, Any] | None, attempt: int) -> bool:
+    """The newest Job is an older gang's: `attempt`'s Job is not made yet (the old one may be going away)."""
+    return job is not None and job_attempt(job) < attempt
+
+
+def attempt_job_name(job: dict[str, Any] | None, rtj: RTJ, attempt: int) -> str:
+    """The name of `attempt`'s Job, given the newest Job: that one's own if it is of `attempt` (an earlier
+    operator's gang is '<name>'), else the name it gets (builders/names.py)."""
+    if job is not None and job_attempt(job) == attempt:
+        return job["metadata"]["name"]
+    return job_name(rtj, attempt)
 
 
 def job_attempt(job: dict[str, Any]) -> int:
