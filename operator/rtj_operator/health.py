@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .memo import per_version
+
 EKS_CONDITIONS = ("AcceleratedHardwareReady", "NetworkingReady", "StorageReady", "KernelReady",
                   "ContainerRuntimeReady")
 HYPERPOD_LABEL = "sagemaker.amazonaws.com/node-health-status"
@@ -64,6 +66,7 @@ DEFAULT = NodeHealth()
 NONE = NodeHealth((), (), frozenset())
 
 
+@per_version
 def unhealthy(node: dict[str, Any] | None, rules: NodeHealth = DEFAULT) -> str:
     """Why a Ready node cannot train, as shown to users ('' if it can): the first matching signal."""
     if node is None:

@@ -33,6 +33,7 @@ from rtj_worker import exit_codes
 
 from . import health
 from .conditions import get_condition, parse_time
+from .memo import per_version
 
 # --- tiers, payers, actions -------------------------------------------------------------------------
 REPLACE_POD = "ReplacePod"
@@ -339,14 +340,22 @@ def node_loss(node: dict[str, Any] | None, now: datetime.datetime) -> tuple[str,
     """
     if node is None:
         return NODE_DELETED, datetime.timedelta.max
+    reason, since = _node_state(node)
+    if not reason:
+        return "", datetime.timedelta(0)
+    return reason, max(now - (since or now), datetime.timedelta(0))
+
+
+@per_version
+def _node_state(node: dict[str, Any]) -> tuple[str, datetime.datetime | None]:
+    """node_loss's reason for a node ('' if it can run pods) and since when its Ready condition says so."""
     ready = next((c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None)
     unreachable = any(t.get("key") == "node.kubernetes.io/unreachable"
                       for t in node.get("spec", {}).get("taints") or [])
     if ready is not None and ready.get("status") == "True" and not unreachable:
-        return "", datetime.timedelta(0)
-    since = parse_time((ready or {}).get("lastTransitionTime")) or now
+        return "", None
     reason = NODE_UNREACHABLE if unreachable or (ready or {}).get("status") == "Unknown" else "NodeNotReady"
-    return reason, max(now - since, datetime.timedelta(0))
+    return reason, parse_time((ready or {}).get("lastTransitionTime"))
 
 
 def node_lost(node: dict[str, Any] | None, now: datetime.datetime) -> str:
@@ -377,8 +386,10 @@ def _disruption(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+@per_version
 def termination_report(pod: dict[str, Any]) -> dict[str, Any]:
-    """The JSON the worker writes to its termination log (see rtj_worker.entrypoint)."""
+    """The JSON the worker writes to its termination log (see rtj_worker.entrypoint). Shared per pod
+    version (memo.py): read it, never modify it."""
     term = _terminated(pod)
     try:
         report = json.loads((term or {}).get("message") or "{}")
@@ -600,6 +611,8 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
     result.health_brake = _health_brake(result.unhealthy, len(nodes))
     for pod in pods:
         node_name = pod.get("spec", {}).get("nodeName") or ""
+        if _steady(pod) and node_name not in result.lost_nodes and node_name not in result.unhealthy:
+            continue  # classify finds nothing and waits for nothing: most of a big gang's pods, each pass
         if why := unschedulable(pod):
             result.unschedulable[pod["metadata"]["name"]] = why
         finding = classify(pod, nodes.get(node_name), now, timing, result, evidence.get(node_name, ""),
@@ -615,6 +628,15 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
         if finding.uid not in seen:
             result.findings.append(finding)
     return result
+
+
+@per_version
+def _steady(pod: dict[str, Any]) -> bool:
+    """A pod that classify() passes over on a node neither lost nor unhealthy, at any time: pending or
+    running, not being deleted, no container waiting, not left unscheduled by the scheduler."""
+    phase = (pod.get("status") or {}).get("phase")
+    return (not pod["metadata"].get("deletionTimestamp") and phase in ("Pending", "Running")
+            and _waiting(pod) is None and not unschedulable(pod))
 
 
 def coordinator_finding(pod: dict[str, Any], node: dict[str, Any] | None, now: datetime.datetime, timing: Timing,

@@ -32,6 +32,7 @@ from rtj_worker import progress as worker_progress
 
 from . import api, ladder
 from .conditions import parse_time, timestamp
+from .memo import per_version
 from .status import Status
 
 CONDITION = "rtj.dev/Progress"
@@ -139,8 +140,10 @@ def _copies(data: Any) -> dict[str, Any] | None:
     return {k: v for k, v in out.items() if v is not None}
 
 
+@per_version
 def pod_report(pod: dict[str, Any]) -> Report | None:
-    """The pod's newest report: its termination message's (written at exit) or its condition's."""
+    """The pod's newest report: its termination message's (written at exit) or its condition's. Shared per
+    pod version (memo.py): read it, never modify it."""
     final = ladder.termination_report(pod).get("progress")
     if isinstance(final, dict) and (report := _parse(final, pod)) is not None:
         return report
