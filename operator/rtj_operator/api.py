@@ -990,6 +990,9 @@ STATUS_SCHEMA: dict[str, Any] = _obj(
                                                                                "the next replacement pod by."},
                 "suspendedForCapacity": _str("When the gang was suspended because a pod of it stayed "
                                              "unschedulable; empty once it resumed.", format="date-time"),
+                "capacityWaitSince": _str("When the gang first lacked a node, kept across capacity suspensions "
+                                          "until every index has one: what restartBudget.capacityTimeoutSeconds "
+                                          "counts from.", format="date-time"),
                 "evictionsRefused": {"type": "array", "items": _str(), "maxItems": 1024,
                                      "description": "Pods (uids) whose eviction a PodDisruptionBudget refused: "
                                                     "reported once, retried all the same."},

@@ -44,6 +44,10 @@ class Ledger:
     # The gang is suspended because a pod of it stayed unschedulable (since when): it resumes once the
     # scheduler placed every capacity probe (builders/probe.py).
     suspended_for_capacity: str = ""
+    # When the gang first lacked capacity, kept across suspend and resume cycles until every index has a node:
+    # what restartBudget.capacityTimeoutSeconds counts from (a gang resumed for room that another workload
+    # took before its pods were placed is still waiting).
+    capacity_wait_since: str = ""
     # The operator suspended the Job (for spec.suspend or for capacity): only then does it un-suspend it;
     # a Job suspended by anyone else (a queue) is left suspended.
     suspended_job: bool = False
@@ -82,6 +86,7 @@ class Ledger:
             gang_restart_time=data.get("gangRestartTime") or "",
             replacement_backoff_seconds=data.get("replacementBackoffSeconds"),
             suspended_for_capacity=data.get("suspendedForCapacity") or "",
+            capacity_wait_since=data.get("capacityWaitSince") or "",
             suspended_job=bool(data.get("suspendedJob")),
             evictions_refused=list(data.get("evictionsRefused") or []),
             node_failures={str(k): int(v) for k, v in (data.get("nodeFailures") or {}).items()},
@@ -110,6 +115,8 @@ class Ledger:
             out["replacementBackoffSeconds"] = self.replacement_backoff_seconds
         if self.suspended_for_capacity:
             out["suspendedForCapacity"] = self.suspended_for_capacity
+        if self.capacity_wait_since:
+            out["capacityWaitSince"] = self.capacity_wait_since
         if self.evictions_refused:
             out["evictionsRefused"] = list(self.evictions_refused)
         if self.suspended_job:

@@ -829,6 +829,54 @@ def test_waiting_for_capacity_past_the_timeout_fails_with_the_platforms_reason()
     assert st.phase == "Failed" and st.last_failure_reason == "InsufficientCapacity" and st.job_restarts == 0
 
 
+def test_the_capacity_timeout_counts_across_a_resume_whose_room_was_taken_before_the_pods_were_placed():
+    """Resumed once all its probes were placed, a gang whose room another workload took first lacks a node
+    again: its WaitingForCapacity condition went False in between (no pod of it was pending yet), but the
+    timeout counts from its first lack of a node (recovery.capacityWaitSince), so flickering room cannot
+    keep it waiting past capacityTimeoutSeconds; capacitySuspendSeconds counts afresh (it gets its chance)."""
+    budget = {"capacityTimeoutSeconds": 3600, "capacitySuspendSeconds": 300}
+    w = waiting_since(W(restartBudget=budget), 301)
+    w.world.pods[1] = unschedulable(1)
+    first = w.run()
+    assert first.status.recovery.capacity_wait_since == ts(301)  # when the condition's clock began
+    w.body["status"] = first.status.to_dict()
+    w.world.job["spec"]["suspend"], w.world.pods, w.world.coordinator = True, [], None
+    later = NOW + datetime.timedelta(seconds=3000)
+    w.world.capacity_probes = probes(w, {0: "n0", 1: "new"})
+    resumed = w.run(later)
+    assert not resumed.status.recovery.suspended_for_capacity and "ResumingForCapacity" in reasons(resumed)
+    w.body["status"] = resumed.status.to_dict()
+    w.world.job["spec"]["suspend"], w.world.capacity_probes = False, []
+    gap = w.run(later + datetime.timedelta(seconds=5))  # resumed, its pods not made yet: nothing pending
+    assert condition(gap, "WaitingForCapacity")["status"] == "False"
+    assert gap.status.recovery.capacity_wait_since == ts(301) and gap.status.phase != "Failed"
+    w.body["status"] = gap.status.to_dict()
+    w.world.pods = [pod(0, attempt=2), unschedulable(1)]  # the room went to someone else
+    again = w.run(later + datetime.timedelta(seconds=10))
+    cond = condition(again, "WaitingForCapacity")
+    assert (cond["status"], cond["reason"]) == ("True", "Unschedulable")
+    assert not again.status.recovery.suspended_for_capacity  # capacitySuspendSeconds counts from now
+    assert again.status.phase != "Failed"  # 3311 s in all
+    w.body["status"] = again.status.to_dict()
+    timed_out = w.run(later + datetime.timedelta(seconds=300)).status  # 3601 s since the first lack of a node
+    assert timed_out.phase == "Failed" and timed_out.last_failure_reason == "InsufficientCapacity"
+    assert "for 3601s" in (timed_out.last_failure_message or ""), timed_out.last_failure_message
+
+
+def test_a_gang_with_a_node_for_every_index_forgets_its_capacity_wait():
+    w = waiting_since(W(restartBudget={"capacitySuspendSeconds": 300}), 100)
+    w.world.pods[1] = unschedulable(1)
+    waiting = w.run()
+    assert waiting.status.recovery.capacity_wait_since
+    w.body["status"] = waiting.status.to_dict()
+    w.world.pods[1] = pod(1)
+    for i, p in enumerate(w.world.pods):
+        p["metadata"]["annotations"] = {ladder.INDEX: str(i)}
+    placed = w.run()
+    assert condition(placed, "WaitingForCapacity")["status"] == "False"
+    assert not placed.status.recovery.capacity_wait_since
+
+
 def test_a_standbys_long_wait_for_a_node_is_not_the_gangs_wait():
     """StandbyUnschedulable keeps WaitingForCapacity True while the job trains; when the gang itself
     then lacks a node, its wait (capacitySuspendSeconds, capacityTimeoutSeconds) starts then, not a

@@ -49,6 +49,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     rendezvous)."""
     ledger, budget = d.status.recovery, d.rtj.spec["restartBudget"]
     if d.rtj.spec["suspend"]:
+        ledger.capacity_wait_since = ""  # the user's suspension: a wait for capacity after it starts afresh
         return CapacityWait()
     old = conditions.get_condition(d.old.get("conditions") or [], WAITING_FOR_CAPACITY) or {}
     since = parse_time(old.get("lastTransitionTime")) if (
@@ -75,8 +76,6 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
         waiting(d, WAITING_FOR_CAPACITY, "CoordinatorUnschedulable",
                 f"the coordinator pod {d.world.coordinator['metadata']['name']}: {why}; the gang's pods wait for it "
                 + (f"({holding} of them on nodes)" if holding else "(gated: they hold no node)"))
-        if budget["capacityTimeoutSeconds"]:
-            d.wait(max(1.0, budget["capacityTimeoutSeconds"] - waited))
     elif plan.unschedulable or (old.get("reason") == "Unschedulable" and not scheduled(d)):
         # Once a pod found no node, the wait (and its clock) goes on until every index has a node: a gang
         # short of nodes has its pods take turns on the nodes it has (each failing its rendezvous, the
@@ -92,6 +91,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
                 waiting(d, WAITING_FOR_CAPACITY, "StandbyUnschedulable",
                         f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile, "
                         f"with {len(training) - d.rtj.nodes} standby(s)")
+                ledger.capacity_wait_since = ""
                 return CapacityWait()
         else:
             what = old.get("message") or "a pod of the gang found no node"
@@ -114,11 +114,22 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
     else:
         waiting(d, WAITING_FOR_CAPACITY, "", "")
+        if scheduled(d):
+            ledger.capacity_wait_since = ""  # every index has a node: the wait is over
         return CapacityWait()
+    # The timeout counts from the gang's first lack of a node, across suspend and resume cycles: resumed once
+    # its probes were placed, a gang whose room another workload took before its pods were placed waits on
+    # (the condition's own clock restarts, and with it capacitySuspendSeconds: the gang gets its chance).
+    if short and not ledger.capacity_wait_since:
+        ledger.capacity_wait_since = timestamp(since or d.now)
+    began = parse_time(ledger.capacity_wait_since) or since
+    total = (d.now - began).total_seconds() if began else 0.0
     limit = budget["capacityTimeoutSeconds"]
-    if limit and waited >= limit:
-        return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {waited:.0f}s "
+    if limit and total >= limit:
+        return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {total:.0f}s "
                                                             f"(restartBudget.capacityTimeoutSeconds={limit})"))
+    if limit and short:
+        d.wait(max(1.0, limit - total))
     return CapacityWait(short)
 
 
