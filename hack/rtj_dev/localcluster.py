@@ -102,6 +102,11 @@ class LocalCluster:
     # How long kwok's node leases last (it renews them at a quarter of this). Short for the tests' node
     # losses; a benchmark of hundreds of nodes uses the kubelet's 40 s, or kwok's renewals alone fill the cores.
     node_lease_seconds: int = 4
+    # API Priority and Fairness: off by default (benchmarks send thousands of requests from few clients). On,
+    # the server's concurrency (--max-requests-inflight, --max-mutating-requests-inflight) is what its priority
+    # levels share (tests/cluster/test_api_priority.py gives a small one, so a level of one seat is reachable).
+    priority_and_fairness: bool = False
+    max_requests_inflight: tuple[int, int] = (2000, 1000)
     quiet: bool = True
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     admin_token: str = ""
@@ -272,8 +277,9 @@ class LocalCluster:
             f"--default-not-ready-toleration-seconds={self.toleration_seconds}",
             f"--default-unreachable-toleration-seconds={self.toleration_seconds}",
             # Benchmarks create thousands of objects from few clients.
-            "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
-            "--enable-priority-and-fairness=false", "--v=1",
+            f"--max-requests-inflight={self.max_requests_inflight[0]}",
+            f"--max-mutating-requests-inflight={self.max_requests_inflight[1]}",
+            f"--enable-priority-and-fairness={str(self.priority_and_fairness).lower()}", "--v=1",
             # Requests of ServiceAccounts (the operator's, in tests) at Metadata level: tests read
             # which calls the chart's RBAC allowed or denied.
             f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from . import __version__, api
 
@@ -76,8 +77,8 @@ def retry_after(headers: Any) -> float | None:
 def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token: str | None = None,
               ca_file: str | None = None) -> kubernetes.client.ApiClient:
     """In-cluster config, else kubeconfig ($KUBECONFIG); or an explicit server with a bearer token."""
+    config = kubernetes.client.Configuration()
     if server:
-        config = kubernetes.client.Configuration()
         config.host = server
         if ca_file:
             config.ssl_ca_cert = ca_file
@@ -85,16 +86,19 @@ def configure(server: str | None = None, user_agent: str = USER_AGENT, *, token:
             config.verify_ssl = False
         if token:
             config.api_key, config.api_key_prefix = {"BearerToken": token}, {"BearerToken": "Bearer"}
-        client = kubernetes.client.ApiClient(config)
     else:
-        config = kubernetes.client.Configuration()
         try:
             kubernetes.config.load_incluster_config(client_configuration=config)
         except kubernetes.config.ConfigException:
             # $KUBECONFIG as it is now (the package reads it once, at import).
             kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=config)
         _bearer_from_loader(config)
-        client = kubernetes.client.ApiClient(config)
+    # The 429 policy is Kube._call's alone. urllib3's default retries also resend an idempotent request (GET,
+    # DELETE) answered 429 with Retry-After, three times, inside each of _call's tries: one LIST was sent 7
+    # times over 6 s where TOO_BUSY_RETRIES allows 4 sends (tests/cluster/test_api_priority.py). urllib3 still
+    # retries a connection that fails, as by default.
+    config.retries = urllib3.Retry(total=3, respect_retry_after_header=False)
+    client = kubernetes.client.ApiClient(config)
     # One connection per worker thread (runtime.WORKERS, 16 by default), not urllib3's default 10.
     client.rest_client.pool_manager.connection_pool_kw["maxsize"] = 32
     client.user_agent = user_agent  # audit logs tell the operator apart

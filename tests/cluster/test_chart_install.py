@@ -91,8 +91,8 @@ def test_the_operators_requests_have_a_priority_level_of_their_own(cluster):
     """API Priority and Fairness (values.apiPriority): the API server took the chart's FlowSchemas, each
     names a priority level the server has (a dangling one would classify nothing), and their subject is the
     ServiceAccount the chart's Deployment runs the operator as, so its requests no longer share workload-low
-    with the worker pods' reports. The local control plane runs with APF's filter off (benchmarks send
-    thousands of requests from one client), so the throttling itself is not exercised here."""
+    with the worker pods' reports. The session's control plane runs with APF's filter off (benchmarks send
+    thousands of requests from one client): test_api_priority.py runs one with it on."""
     flow = "/apis/flowcontrol.apiserver.k8s.io/v1"
     deployment = cluster.api("GET", f"/apis/apps/v1/namespaces/{RELEASE_NS}/deployments/{RELEASE}")
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
