@@ -611,7 +611,8 @@ def plan(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any] | None], se
     result.health_brake = _health_brake(result.unhealthy, len(nodes))
     for pod in pods:
         node_name = pod.get("spec", {}).get("nodeName") or ""
-        if _steady(pod) and node_name not in result.lost_nodes and node_name not in result.unhealthy:
+        if (_steady(pod) and (not node_name or node_name in nodes) and node_name not in result.lost_nodes
+                and node_name not in result.unhealthy):
             continue  # classify finds nothing and waits for nothing: most of a big gang's pods, each pass
         if why := unschedulable(pod):
             result.unschedulable[pod["metadata"]["name"]] = why

@@ -10,7 +10,8 @@ test) is never kept.
 
 Each function keeps one answer per object (the newest version asked for) and at most `limit` objects,
 the least recently changed dropped first, so memory is bounded by the objects a pass reads, not by how
-often they change. The answers are shared: callers must not modify them (they are frozen dataclasses,
+often they change; a deleted object's answers go when the stores drop its tombstone (`forget`), long
+after any pass read its last copy. The answers are shared: callers must not modify them (they are frozen dataclasses,
 strings, tuples, or mappings the callers only read).
 """
 
@@ -29,6 +30,23 @@ T = TypeVar("T")
 LIMIT = 16384
 
 
+_ALL: list[PerVersion] = []
+
+
+def forget(uid: str) -> None:
+    """Drop every function's answer for the object `uid` (deleted: stores.py's tombstone sweep)."""
+    for fn in _ALL:
+        with fn.lock:
+            fn.kept.pop(uid, None)
+
+
+def reset() -> None:
+    """Forget every answer (tests that reuse an object's uid and resourceVersion with other contents)."""
+    for fn in _ALL:
+        with fn.lock:
+            fn.kept.clear()
+
+
 class PerVersion:
     """A pure function of one API object (and hashable further arguments), kept per object version."""
 
@@ -37,6 +55,7 @@ class PerVersion:
         self.kept: dict[str, tuple[str, tuple[Hashable, ...], Any]] = {}
         self.lock = threading.Lock()
         functools.update_wrapper(self, fn)
+        _ALL.append(self)
 
     def __call__(self, obj: dict[str, Any] | None, *args: Hashable) -> Any:
         meta = (obj or {}).get("metadata") or {}

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from . import api
+from . import api, memo
 from .copies import clone
 
 TOMBSTONE_SECONDS = 600.0
@@ -234,6 +234,7 @@ class Store:
         if len(self._gone) > 64:
             for old in [u for u, (_, when) in self._gone.items() if when < now - TOMBSTONE_SECONDS]:
                 del self._gone[old]
+                memo.forget(old)  # what passes worked out of it (memo.py): long unread
 
 
 class Stores:

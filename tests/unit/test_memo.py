@@ -54,6 +54,27 @@ def test_memory_is_bounded_by_objects_dropping_the_least_recently_changed():
     assert len(calls) == before  # kept
 
 
+def test_a_deleted_objects_answers_go_with_its_tombstone():
+    """stores.py drops a tombstone TOMBSTONE_SECONDS after the deletion (past 64 of them): what passes
+    worked out of the object goes then, not only when a function's limit is reached."""
+    from rtj_operator.stores import SWEEP_SECONDS, TOMBSTONE_SECONDS, Store
+
+    now = [0.0]
+    store = Store("Pod", clock=lambda: now[0])
+    pods = [pod(str(i + 1), f'{{"checkpointStep": {i}}}') for i in range(70)]
+    for i, p in enumerate(pods):
+        p["metadata"]["uid"], p["metadata"]["name"] = f"u{i}", f"p{i}"
+        store.put(p)
+        ladder.termination_report(store.get("", f"p{i}"))
+    kept = ladder.termination_report.kept  # type: ignore[attr-defined]
+    assert {f"u{i}" for i in range(70)} <= set(kept)
+    for p in pods:
+        store.delete(p)
+    now[0] += TOMBSTONE_SECONDS + SWEEP_SECONDS + 1
+    store.delete({"metadata": {"name": "other", "uid": "other", "resourceVersion": "1"}})  # sweeps
+    assert not {f"u{i}" for i in range(70)} & set(kept)
+
+
 def pod(version: str, message: str) -> dict[str, Any]:
     return {"metadata": {"name": "p", "uid": "p-uid", "resourceVersion": version},
             "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {

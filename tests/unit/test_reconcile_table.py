@@ -846,11 +846,13 @@ def test_the_capacity_timeout_counts_across_a_resume_whose_room_was_taken_before
     resumed = w.run(later)
     assert not resumed.status.recovery.suspended_for_capacity and "ResumingForCapacity" in reasons(resumed)
     w.body["status"] = resumed.status.to_dict()
-    w.world.job["spec"]["suspend"], w.world.capacity_probes = False, []
-    gap = w.run(later + datetime.timedelta(seconds=5))  # resumed, its pods not made yet: nothing pending
+    w.world.capacity_probes = []
+    gap = w.run(later + datetime.timedelta(seconds=5))  # this pass lifts the suspend: no pod pending yet
+    assert [a.body for a in gap.actions if a.kind == "Job"] == [RESUME]
     assert condition(gap, "WaitingForCapacity")["status"] == "False"
     assert gap.status.recovery.capacity_wait_since == ts(301) and gap.status.phase != "Failed"
     w.body["status"] = gap.status.to_dict()
+    w.world.job["spec"]["suspend"] = False
     w.world.pods = [pod(0, attempt=2), unschedulable(1)]  # the room went to someone else
     again = w.run(later + datetime.timedelta(seconds=10))
     cond = condition(again, "WaitingForCapacity")

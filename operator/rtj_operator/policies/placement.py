@@ -114,8 +114,11 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             d.wait(max(1.0, budget["capacitySuspendSeconds"] - waited))
     else:
         waiting(d, WAITING_FOR_CAPACITY, "", "")
-        if scheduled(d):
-            ledger.capacity_wait_since = ""  # every index has a node: the wait is over
+        if all_bound(d) or (queued(d) and suspended_job(d) and not ledger.suspended_for_capacity):
+            # Every index has a node: the wait is over. Or Kueue holds the gang (re-activated after a
+            # capacity suspension, waiting for its quota): its admission is a placement afresh, and the
+            # queue's wait is Kueue's to bound, not capacityTimeoutSeconds'.
+            ledger.capacity_wait_since = ""
         return CapacityWait()
     # The timeout counts from the gang's first lack of a node, across suspend and resume cycles: resumed once
     # its probes were placed, a gang whose room another workload took before its pods were placed waits on
@@ -125,7 +128,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
     began = parse_time(ledger.capacity_wait_since) or since
     total = (d.now - began).total_seconds() if began else 0.0
     limit = budget["capacityTimeoutSeconds"]
-    if limit and total >= limit:
+    if limit and short and total >= limit:
         return CapacityWait(short, ("InsufficientCapacity", f"no capacity for {whose} for {total:.0f}s "
                                                             f"(restartBudget.capacityTimeoutSeconds={limit})"))
     if limit and short:
@@ -175,8 +178,15 @@ def coordinator_unschedulable(d: Draft) -> str:
 
 def scheduled(d: Draft) -> bool:
     """Whether every index of the gang has a pod bound to a node (not going away), or none is wanted."""
-    if ((d.world.job or {}).get("spec") or {}).get("suspend"):
-        return True  # a queue holds the gang: no pod to place
+    return suspended_job(d) or all_bound(d)  # suspended: a queue (or the operator) holds the gang, no pod to place
+
+
+def suspended_job(d: Draft) -> bool:
+    return bool(((d.world.job or {}).get("spec") or {}).get("suspend"))
+
+
+def all_bound(d: Draft) -> bool:
+    """Whether every index of the gang has a pod bound to a node (not going away)."""
     bound = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in d.world.pods if on_node(p)}
     return len(bound - {None}) >= d.rtj.nodes
 
