@@ -586,6 +586,10 @@ def test_a_job_the_operator_suspended_is_resumed_by_it(status_says: bool, job_sa
     intent = w.run()
     assert [(a.verb, a.body) for a in intent.actions if a.kind == "Job"] == [(PATCH, RESUME)]
     assert not intent.status.recovery.suspended_job
+    # Not someone else's in the pass that resumes it (before: SuspendedExternally for that pass, where
+    # status alone said it, as with a Job an earlier operator suspended).
+    running = {c["type"]: c for c in intent.status.conditions}["Running"]
+    assert running["reason"] != "SuspendedExternally" and intent.status.phase != "Queued", running
 
 
 def test_suspending_records_that_the_operator_did_it_in_status_and_on_the_job():

@@ -115,7 +115,10 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
         status.phase = "Queued"
         d.cond(RUNNING, False, "Queued", (conditions.get_condition(status.conditions, QUEUED) or {}).get(
             "message") or "waiting in its queue")
-    elif held and not suspended_by_operator(job, ledger.suspended_job):
+    # Whose suspend it is, as the pass found it: a resume pass has cleared the ledger already, and a Job an
+    # earlier operator suspended carries no mark (it would read as someone else's for that one pass).
+    elif held and not suspended_by_operator(job, ledger.suspended_job or bool(
+            (d.old.get("recovery") or {}).get("suspendedJob"))):
         status.phase = "Queued"
         d.cond(RUNNING, False, "SuspendedExternally", f"Job {d.job_name} was suspended by someone other than "
                "this operator (a queue?): it runs once that one resumes it; nothing is charged meanwhile")
