@@ -721,7 +721,8 @@ class Fault:
 
 
 # Why attribute() charged nobody.
-FAILS, DUPLICATE, EXCUSED, HOLD, SUSPENDED = "fails", "duplicate", "excused", "hold", "suspended"
+FAILS, DUPLICATE, EXCUSED, HOLD, SUSPENDED, FINISHED = (
+    "fails", "duplicate", "excused", "hold", "suspended", "finished")
 SHORT_OF_CAPACITY = "a pod of the gang finds no node (WaitingForCapacity)"
 
 
@@ -733,7 +734,8 @@ class Charge:
     payer: str  # JOB | PLATFORM | NOBODY
     tier: str | None = None
     message: str = ""
-    why: str = ""  # for NOBODY: FAILS (the job fails instead), DUPLICATE, EXCUSED (NotCharged), HOLD, SUSPENDED
+    why: str = ""  # for NOBODY: FAILS (the job fails instead), DUPLICATE, EXCUSED (NotCharged), HOLD, SUSPENDED,
+    # FINISHED
     hold: float = 0.0  # HOLD: decide again in this many seconds (the finding stays unseen)
     cause: str = ""  # EXCUSED: what it follows from, when not the fault being recovered
     correlated: bool = False  # PLATFORM: a node lost in the same event as one charged already (not counted again)
@@ -747,9 +749,12 @@ class Charge:
 def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
               suspended: bool = False, capacity: bool = False,
               stopped_by_suspend: frozenset[str] = frozenset(), lost: frozenset[str] = frozenset(),
-              window_open: bool = False) -> tuple[list[Charge], Fault]:
+              window_open: bool = False, finished: bool = False) -> tuple[list[Charge], Fault]:
     """Who pays for each new finding, in CHARGE_ORDER: one fault, one charge.
 
+    - Once the gang has `finished` (the Job's success rule met: pods.success_met), nobody: the Job
+      controller stops whatever still runs (a lost index's replacement that found a node only once a
+      trainer's exit freed one), and that pod's exit is this stop.
     - While the job is suspended (by the user or a queue), or being suspended, nothing is charged: the
       Job controller deletes the pods, and their exits are that deletion; so are the exits of pods
       deleted before the Job's last resume (`stopped_by_suspend`, by uid), seen only after it.
@@ -785,6 +790,9 @@ def attribute(findings: list[Finding], fault: Fault, lost_nodes: dict[str, str],
         return next((n for n in fault.nodes if n in lost), None) if window_open else None
     for f in sorted(findings, key=lambda f: CHARGE_ORDER.get(f.kind, 1)):
         meaning = f.meaning
+        if finished:
+            charges.append(Charge(f, NOBODY, why=FINISHED))
+            continue
         if suspended or f.uid in stopped_by_suspend:
             charges.append(Charge(f, NOBODY, why=SUSPENDED))
             continue

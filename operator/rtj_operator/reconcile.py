@@ -44,7 +44,7 @@ from .policies.footprint import warn_gpu_memory
 from .policies.kueue import activate_workload, ensure_queue, queued
 from .policies.phase import TERMINAL, WAITING_FOR_CAPACITY, derive_phase, publish_progress, report_waits
 from .policies.placement import awaiting_coordinator, expire_exclusions, release_gated, wait_for_capacity
-from .policies.pods import is_current
+from .policies.pods import is_current, success_met
 from .spec import semantic_errors
 from .world import World, owned_by
 
@@ -174,6 +174,7 @@ def observe(d: Draft, converge: bool) -> None:
         d.wait(max(0.5, plan.recheck))
     report_waits(d, plan, old)
     current = is_current(job, status.attempt)
+    finished = current and success_met(job, pods)
     short_of_capacity = False
     if converge and current:
         capacity = wait_for_capacity(d, plan)
@@ -184,8 +185,8 @@ def observe(d: Draft, converge: bool) -> None:
     if converge and current:
         # Act only on what an earlier pass already charged: the charge is in status first.
         act_on(d, [a for a in plan.actions if a.uid in seen])
-        charge(d, plan, seen, short_of_capacity)
-        judge_job(d, short_of_capacity)
+        charge(d, plan, seen, short_of_capacity, finished)
+        judge_job(d, short_of_capacity, finished)
         waits, recheck = awaiting_coordinator(d)
         if recheck is not None:
             d.wait(recheck)
@@ -203,7 +204,7 @@ def observe(d: Draft, converge: bool) -> None:
     ledger.evictions_refused = [uid for uid in ledger.evictions_refused if uid in listed]
 
     troubled = {f.pod for f in plan.findings} | {a.pod for a in plan.actions}
-    derive_phase(d, [p for p in pods if p["metadata"]["name"] not in troubled])
+    derive_phase(d, [p for p in pods if p["metadata"]["name"] not in troubled], finished)
     publish_progress(d, found, folded)
 
 

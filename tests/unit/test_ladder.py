@@ -201,6 +201,11 @@ def test_nothing_is_charged_while_the_job_is_suspended():
     assert {c.why for c in charges} == {ladder.SUSPENDED} and fault == ladder.Fault(1)
 
 
+def test_nothing_is_charged_once_the_gang_finished():
+    charges, fault = ladder.attribute([CRASH, NODE_LOSS, RDZV_1], ladder.Fault(1), LOST_N0, finished=True)
+    assert {c.why for c in charges} == {ladder.FINISHED} and fault == ladder.Fault(1)
+
+
 def test_attribute_gives_each_charge_its_tier():
     charges, _ = ladder.attribute([RDZV_1, CRASH], ladder.Fault(1), {})
     assert {c.finding.reason: c.tier for c in charges} == {"RendezvousFailed": ladder.GANG_RESTART,

@@ -37,8 +37,10 @@ def act_on(d: Draft, findings: list[ladder.Finding]) -> None:
                         if body else None))
 
 
-def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool) -> None:
-    """Count each new finding once against the right budget (ladder.attribute) and decide the tier."""
+def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool, finished: bool) -> None:
+    """Count each new finding once against the right budget (ladder.attribute) and decide the tier.
+    `finished`: the Job's success rule is met (pods.success_met): what still runs is being stopped by the
+    Job controller, and fails nothing."""
     status = d.status
     ledger = status.recovery
     fault = ledger.charged
@@ -57,7 +59,8 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
     charges, fault = ladder.attribute(plan.findings, fault, {**plan.unhealthy, **plan.lost_nodes},
                                       suspended=suspended, capacity=short_of_capacity,
                                       stopped_by_suspend=ladder.stopped_by_suspend(d.world.pods, job),
-                                      lost=frozenset(plan.lost_nodes), window_open=window_open)
+                                      lost=frozenset(plan.lost_nodes), window_open=window_open,
+                                      finished=finished)
     ledger.charged = fault
     gang: tuple[str, str] | None = None
     for c in charges:
@@ -87,7 +90,7 @@ def charge(d: Draft, plan: ladder.Plan, seen: set[str], short_of_capacity: bool)
         if c.tier == ladder.GANG_RESTART and not gang:
             gang = (c.finding.reason, rule.gang_reason_excused if c.payer == ladder.NOBODY else rule.gang_reason)
     permanent = plan.permanent
-    if permanent is not None and not suspended:
+    if permanent is not None and not suspended and not finished:
         fail(d, permanent.reason, permanent.message)
         return
     if enforce_budgets(d):
@@ -164,9 +167,9 @@ def enforce_budgets(d: Draft) -> bool:
     return status.phase == "Failed"
 
 
-def judge_job(d: Draft, short_of_capacity: bool) -> None:
+def judge_job(d: Draft, short_of_capacity: bool, finished: bool) -> None:
     """The Job's own verdict (FailureTarget comes first, Failed once every pod is gone), and the Job
-    controller's replacement back-off, which a new attempt resets."""
+    controller's replacement back-off, which a new attempt resets (and a `finished` Job has none of)."""
     if d.status.phase == "Failed" or d.status.recovery.pending_gang_restart:
         return
     job = d.world.job or {}
@@ -184,7 +187,8 @@ def judge_job(d: Draft, short_of_capacity: bool) -> None:
         if not enforce_budgets(d):
             next_attempt(d, reason, message)
         return
-    replacement_backoff(d, short_of_capacity)
+    if not finished:
+        replacement_backoff(d, short_of_capacity)
 
 
 def replacement_backoff(d: Draft, short_of_capacity: bool) -> None:

@@ -47,7 +47,9 @@ REPORT_GRACE_SECONDS = 5.0
 UNTIMED_WAITS = frozenset({"StandbyUnschedulable"})
 
 
-def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
+def derive_phase(d: Draft, pods: list[dict[str, Any]], finished: bool) -> None:
+    """Phase and conditions from what runs. `finished`: the Job's success rule is met (pods.success_met),
+    maybe before the Job says so."""
     status, rtj, job, ledger = d.status, d.rtj, d.world.job, d.status.recovery
     ready = running_ready(pods)
     # What runs is what counts: after an invalid edit, the Job still has its old shape. Its training nodes
@@ -57,9 +59,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]]) -> None:
     status.nodes_desired = desired
     status.nodes_ready = min(len(ready), desired)
     status.standbys = max(0, len(ready) - desired)
-    job_conds = ((job or {}).get("status") or {}).get("conditions") or []
-    complete = any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
-                   for c in job_conds)
+    complete = finished
     d.cond(CREATED, job is not None or bool(status.start_time), "ChildrenCreated",
            f"Service {service_name(rtj)}, Job {d.job_name} and PVC {pvc_name(rtj)}")
     d.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",

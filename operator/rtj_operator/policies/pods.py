@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from .. import api, conditions
+from .. import api, conditions, ladder
 from ..builders.names import job_name
 from ..spec import RTJ
 
@@ -46,6 +46,28 @@ def suspended_by_operator(job: dict[str, Any] | None, recorded: bool) -> bool:
 def coordinator_attempt(pod: dict[str, Any]) -> int:
     """The gang attempt a coordinator pod was made for (its label; 0 if unreadable: an old one)."""
     return int((pod["metadata"].get("labels") or {}).get(api.LABEL_ATTEMPT, 0) or 0)
+
+
+def job_succeeded(job: dict[str, Any] | None) -> bool:
+    """The Job says it succeeded: Complete, or SuccessCriteriaMet (its success rule met, the rest stopping)."""
+    return any(c.get("type") in ("Complete", "SuccessCriteriaMet") and c.get("status") == "True"
+               for c in ((job or {}).get("status") or {}).get("conditions") or [])
+
+
+def success_met(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> bool:
+    """Whether the Job has succeeded: its Complete or SuccessCriteriaMet condition, or as many Succeeded
+    indexes among `pods` (its own) as its success rule asks (spec.successPolicy's succeededCount, else
+    spec.completions), which its controller has seen or is about to. The Job controller then stops the
+    pods still running (a spare's, a lost index's replacement); their exits are that stop, never a fault.
+    The pods' store shows those exits only after the exits 0 before them, the Job's store maybe later."""
+    if job is None or job_succeeded(job):
+        return job is not None
+    spec = job.get("spec") or {}
+    rules = (spec.get("successPolicy") or {}).get("rules") or []
+    need = next((r["succeededCount"] for r in rules if r.get("succeededCount")), spec.get("completions"))
+    done = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in pods
+            if (p.get("status") or {}).get("phase") == "Succeeded"} - {None}
+    return bool(need) and len(done) >= int(need)
 
 
 def job_nodes(job: dict[str, Any] | None, rtj: RTJ) -> int:
