@@ -1126,6 +1126,21 @@ def test_a_pod_deleted_before_the_gang_finished_is_a_disruption():
     assert intent.status.disruptions == 2 and intent.status.phase != "Succeeded"
 
 
+def test_a_standbys_wait_stays_a_standbys_while_the_gangs_trainers_finish_one_after_another():
+    """The lost index's replacement still finds no node when one trainer has exited 0 and the other is
+    still at its final save: no node is missing (that index is done), so no Unschedulable wait starts a
+    clock that could suspend the finishing gang."""
+    w = waiting_since(W(pods=3, nodes={"count": 2, "spares": 1},
+                        restartBudget={"capacitySuspendSeconds": 300, "capacityTimeoutSeconds": 600}), 3601,
+                      reason="StandbyUnschedulable")
+    w.world.pods = [indexed(pod(0, "Succeeded", code=0), 0), indexed(unschedulable(1), 1), indexed(pod(2), 2)]
+    intent = w.run()
+    cond = condition(intent, "WaitingForCapacity")
+    assert cond["reason"] == "StandbyUnschedulable" and "(1 of them finished), with 0 standby(s)" in cond["message"]
+    assert "Unschedulable" not in reasons(intent) and not intent.status.recovery.suspended_for_capacity
+    assert not intent.status.recovery.capacity_wait_since
+
+
 def test_a_deleted_pods_final_report_still_counts():
     """A gang stopped by a suspend or a preemption: the Job controller removes its pods a moment after
     their containers ended, maybe before a pass saw them; their final checkpoint step still counts."""

@@ -85,12 +85,16 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             more = f" (and {len(plan.unschedulable) - 1} more)" if len(plan.unschedulable) > 1 else ""
             what = f"pod {pod}{more}: {message}"
             training = running_ready(d.world.pods)
-            if len(training) >= d.rtj.nodes:
+            # A trainer of a finishing gang that exited 0 already: its index is done, no node is missing
+            # (the trainers end one after another, the last maybe saving its final checkpoint for minutes).
+            done = sum(1 for p in d.world.pods if (p.get("status") or {}).get("phase") == "Succeeded")
+            if len(training) + done >= d.rtj.nodes:
                 # A spare's (or a lost index's, whose ranks a spare took) pod: the job trains on its nodes
                 # meanwhile, so nothing is suspended or timed out; one standby fewer, said so.
                 waiting(d, WAITING_FOR_CAPACITY, "StandbyUnschedulable",
-                        f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile, "
-                        f"with {len(training) - d.rtj.nodes} standby(s)")
+                        f"{what}; the job trains on its {d.rtj.nodes} nodes meanwhile"
+                        + (f" ({done} of them finished)" if done else "")
+                        + f", with {max(0, len(training) + done - d.rtj.nodes)} standby(s)")
                 ledger.capacity_wait_since = ""
                 return CapacityWait()
         else:
