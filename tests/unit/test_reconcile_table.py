@@ -399,6 +399,18 @@ def test_nodes_lost_in_one_event_are_one_disruption_and_a_later_loss_another():
     assert after.status.disruptions == 2 and after.status.restarts_by_tier["ReplacePod"] == 5
 
 
+def test_twelve_of_sixty_four_nodes_lost_at_once_are_one_disruption():
+    """Issue 29's target: a rack or switch event taking 12 of a 64-node gang's nodes (under the mass-loss
+    brake) is one disruption of the default 10, and every lost node's pod is replaced."""
+    w = W(pods=64, nodes={"count": 64}, restartBudget={"nodeLossGraceSeconds": 30})
+    lost = [f"n{i}" for i in range(3, 64, 5)][:12]
+    for n in lost:
+        w.world.nodes[n] = node(n, "Unknown", since=40)
+    st = w.run().status
+    assert (st.disruptions, st.restarts_by_tier.get("ReplacePod"), st.job_restarts) == (1, 12, 0), st
+    assert st.phase != "Failed" and len(lost) == 12
+
+
 def test_a_pod_stuck_on_a_lost_node_waits_for_fencing_then_is_failed_and_deleted_guarded_by_its_uid():
     w = W(restartBudget={"nodeLossGraceSeconds": 1, "terminatingTimeoutSeconds": 60})
     w.world.nodes["n1"] = node("n1", "Unknown", since=300)
