@@ -299,8 +299,10 @@ class LocalCluster:
         return path
 
     def audit_events(self) -> list[dict[str, Any]]:
-        lines = self.audit_log.read_text().splitlines() if self.audit_log.exists() else []
-        return [json.loads(line) for line in lines if line.strip()]
+        """The audit log's events so far; a last line the server is still writing is left for the next read."""
+        text = self.audit_log.read_text() if self.audit_log.exists() else ""
+        complete = text[:text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def _write_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> None:
         path.write_text(json.dumps({

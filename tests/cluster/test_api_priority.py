@@ -9,7 +9,8 @@ the server's concurrency is small (90 seats), so that a priority level of one se
   the seat held by a neighbour. The server answers 429 with Retry-After; the operator's client waits that
   long and sends again, at most TOO_BUSY_RETRIES times, counted in the API server's audit log: answered
   once the neighbour lets go, or failing with the 429 and its Retry-After (the pass's back-off honours it)
-  if it does not. Before, urllib3's own retries resent each GET three more times inside each of those.
+  if it does not. The server's Retry-After grows while the level keeps dropping requests: each wait is
+  the one its answer asked for. Before, urllib3's own retries resent each GET three more times inside each of those.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import threading
 import time
 from collections.abc import Iterator
 
+import kubernetes
 import pytest
 
 from clusterkit import helm
 from rtj_dev.localcluster import LocalCluster
-from rtj_operator.kube import TOO_BUSY_RETRIES, Kube, KubeError, configure
-from testkit import RELEASE, RELEASE_NS, ROOT
+from rtj_operator.kube import TOO_BUSY_MAX_WAIT, TOO_BUSY_RETRIES, Kube, KubeError, configure
+from testkit import RELEASE, RELEASE_NS, ROOT, wait_until
 
 FLOW = "/apis/flowcontrol.apiserver.k8s.io/v1"
 CHART = str(ROOT / "charts" / "rtj-operator")
@@ -122,6 +124,19 @@ def test_a_throttled_operator_waits_for_retry_after_and_every_call_is_answered(a
 
     kube = Kube(configure(apf.server, token=operator, ca_file=str(apf.ca_file)), sleep=sleep)
     path = f"/api/v1/namespaces/{NEIGHBOUR_NS}/pods"
+    # What each refusal asked for: APF's Retry-After grows while a level keeps dropping requests
+    # (1 s, then 2 s, ...), so each wait is checked against the answer before it.
+    asked_for: list[float] = []
+    call_api = kube._client.call_api
+
+    def recording(*args, **kwargs):
+        try:
+            return call_api(*args, **kwargs)
+        except kubernetes.client.exceptions.ApiException as exc:
+            asked_for.append(float((exc.headers or {}).get("Retry-After", "nan")))
+            raise
+
+    kube._client.call_api = recording
 
     def sends() -> int:
         """The operator's LISTs of `path` the API server answered, from its audit log."""
@@ -129,37 +144,64 @@ def test_a_throttled_operator_waits_for_retry_after_and_every_call_is_answered(a
                    and e.get("user", {}).get("username") == f"system:serviceaccount:{RELEASE_NS}:{RELEASE}"
                    and e["requestURI"].split("?")[0] == path and e["verb"] == "list")
 
+    def sent_since(before: int, expected: int) -> int:
+        """sends() - before once at least `expected` (or 10 s passed): the server writes a request's
+        ResponseComplete event after its client has the answer, so the last one may not be in the log yet."""
+        try:
+            wait_until(lambda: sends() - before >= expected, timeout=10, what=f"{expected} sends in the audit log",
+                       interval=0.1)
+        except AssertionError:
+            pass
+        return sends() - before
+
     # The seat held for longer than the client's retries last: the call fails with the 429 and its
     # Retry-After (the pass's back-off then waits at least that), after 1 + TOO_BUSY_RETRIES sends.
     with holding_the_seat(apf, busy, seconds=8.0):
-        status, headers = get(apf, operator, path)
-        assert status == 429 and (headers.get("Retry-After") or "").isdigit(), (status, dict(headers))
-        asked = float(headers["Retry-After"])
         before = sends()
+        status, headers = get(apf, operator, path)  # one send
+        assert status == 429 and (headers.get("Retry-After") or "").isdigit(), (status, dict(headers))
         with pytest.raises(KubeError) as refused:
             kube.list("Pod", NEIGHBOUR_NS)
-        assert (refused.value.status, refused.value.retry_after) == (429, asked)
-        assert waits == [asked] * TOO_BUSY_RETRIES and sends() - before == 1 + TOO_BUSY_RETRIES
+        assert len(asked_for) == 1 + TOO_BUSY_RETRIES, asked_for
+        assert (refused.value.status, refused.value.retry_after) == (429, asked_for[-1])
+        assert waits == asked_for[:-1] and all(1 <= w <= TOO_BUSY_MAX_WAIT for w in waits), (waits, asked_for)
+        assert sent_since(before, 2 + TOO_BUSY_RETRIES) == 2 + TOO_BUSY_RETRIES
     # Held for 1.5 s: answered, after waiting as the server asked, each wait one more send.
     waits.clear()
+    asked_for.clear()
     with holding_the_seat(apf, busy, seconds=1.5):
         before = sends()
-        assert kube.list("Pod", NEIGHBOUR_NS) == []
-    assert waits and set(waits) == {asked} and len(waits) < TOO_BUSY_RETRIES, waits
-    assert sends() - before == len(waits) + 1
+        started = time.monotonic()
+        try:
+            listed = kube.list("Pod", NEIGHBOUR_NS)
+        except KubeError as exc:
+            raise AssertionError(f"not answered within {TOO_BUSY_RETRIES} waits ({waits}) of a 1.5 s hold, "
+                                 f"{time.monotonic() - started:.1f} s: {exc}") from exc
+        assert listed == []
+    assert waits and waits == asked_for and len(waits) < TOO_BUSY_RETRIES, (waits, asked_for)
+    assert sent_since(before, len(waits) + 1) == len(waits) + 1
 
 
 @contextlib.contextmanager
 def holding_the_seat(cluster: LocalCluster, token: str, seconds: float) -> Iterator[None]:
     """A neighbour's LIST of the big configmaps whose answer it does not read for `seconds`: its handler
-    stays in the server, writing, and holds the one seat of the level it is in until the connection closes."""
+    stays in the server, writing, and holds the one seat of the level it is in until the connection closes.
+    The seat is taken once free: a previous holder's handler leaves it only once the server has seen its
+    connection closed (CI once saw the next hold answered 429 a moment after the last one ended)."""
     context = ssl.create_default_context(cafile=str(cluster.ca_file))
-    held = http.client.HTTPSConnection("127.0.0.1", cluster.api_port, context=context, timeout=30)
-    releaser = threading.Timer(seconds, held.close)
-    try:
+    deadline = time.monotonic() + 15
+    while True:
+        held = http.client.HTTPSConnection("127.0.0.1", cluster.api_port, context=context, timeout=30)
         held.request("GET", f"/api/v1/namespaces/{NEIGHBOUR_NS}/configmaps",
                      headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
-        assert held.getresponse().status == 200  # its handler runs
+        status = held.getresponse().status
+        if status != 429 or time.monotonic() > deadline:
+            break
+        held.close()
+        time.sleep(0.2)
+    releaser = threading.Timer(seconds, held.close)
+    try:
+        assert status == 200  # its handler runs
         releaser.start()
         yield
     finally:
