@@ -59,7 +59,6 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]], finished: bool) -> None:
     status.nodes_desired = desired
     status.nodes_ready = min(len(ready), desired)
     status.standbys = max(0, len(ready) - desired)
-    complete = finished
     d.cond(CREATED, job is not None or bool(status.start_time), "ChildrenCreated",
            f"Service {service_name(rtj)}, Job {d.job_name} and PVC {pvc_name(rtj)}")
     d.cond(SUSPENDED, bool(rtj.spec["suspend"]), "Suspended" if rtj.spec["suspend"] else "NotSuspended",
@@ -71,7 +70,7 @@ def derive_phase(d: Draft, pods: list[dict[str, Any]], finished: bool) -> None:
         return
     d.cond(FAILED, False, "NotFailed", "")
     current = is_current(job, status.attempt)
-    if complete and current:
+    if finished:  # of the current attempt's Job (observe)
         status.phase = "Succeeded"
         status.completion_time = status.completion_time or timestamp(d.now)
         d.cond(SUCCEEDED, True, "JobComplete", f"all {desired} nodes completed")

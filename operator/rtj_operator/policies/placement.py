@@ -16,7 +16,15 @@ from ..conditions import parse_time, timestamp
 from ..draft import Draft
 from .kueue import queued
 from .phase import UNTIMED_WAITS, WAITING_FOR_CAPACITY, waiting
-from .pods import addressed_coordinator, bound_since, coordinator_attempt, gated, on_node, running_ready
+from .pods import (
+    addressed_coordinator,
+    bound_since,
+    coordinator_attempt,
+    gated,
+    on_node,
+    running_ready,
+    succeeded_indexes,
+)
 
 # Node exclusions (restartBudget.nodeExclusionSeconds): at most this many at once (the oldest go first),
 # and a node is excluded once this many failures charged to the job happened on it.
@@ -87,7 +95,7 @@ def wait_for_capacity(d: Draft, plan: ladder.Plan) -> CapacityWait:
             training = running_ready(d.world.pods)
             # A trainer of a finishing gang that exited 0 already: its index is done, no node is missing
             # (the trainers end one after another, the last maybe saving its final checkpoint for minutes).
-            done = sum(1 for p in d.world.pods if (p.get("status") or {}).get("phase") == "Succeeded")
+            done = len(succeeded_indexes(d.world.pods))
             if len(training) + done >= d.rtj.nodes:
                 # A spare's (or a lost index's, whose ranks a spare took) pod: the job trains on its nodes
                 # meanwhile, so nothing is suspended or timed out; one standby fewer, said so.

@@ -60,14 +60,20 @@ def success_met(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> bool:
     spec.completions), which its controller has seen or is about to. The Job controller then stops the
     pods still running (a spare's, a lost index's replacement); their exits are that stop, never a fault.
     The pods' store shows those exits only after the exits 0 before them, the Job's store maybe later."""
-    if job is None or job_succeeded(job):
-        return job is not None
+    if job is None:
+        return False
+    if job_succeeded(job):
+        return True
     spec = job.get("spec") or {}
     rules = (spec.get("successPolicy") or {}).get("rules") or []
     need = next((r["succeededCount"] for r in rules if r.get("succeededCount")), spec.get("completions"))
-    done = {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in pods
+    return bool(need) and len(succeeded_indexes(pods)) >= int(need)
+
+
+def succeeded_indexes(pods: list[dict[str, Any]]) -> set[str]:
+    """The completion indexes of `pods` (a Job's) that exited 0: done, as the Job controller counts them."""
+    return {(p["metadata"].get("annotations") or {}).get(ladder.INDEX) for p in pods
             if (p.get("status") or {}).get("phase") == "Succeeded"} - {None}
-    return bool(need) and len(done) >= int(need)
 
 
 def job_nodes(job: dict[str, Any] | None, rtj: RTJ) -> int:
